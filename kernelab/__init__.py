@@ -1,0 +1,31 @@
+"""kernelab: which GPU kernels a PyTorch function launches, what each moves, how close it runs to the limit.
+
+Public API (imported lazily: ``import kernelab`` does no work):
+
+* :func:`count` -- the kernels of one function in one mode, as a :class:`Report`
+* :func:`compare` -- the same function in several modes, side by side
+* :func:`sweep` -- time against size for several modes, with the size where fusion starts to pay
+* :mod:`kernelab.ops` -- fused Triton kernels, drop-ins for ``torch.nn.functional``
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+__all__ = ["count", "compare", "sweep", "Report", "ops", "__version__"]
+
+_LAZY = {
+    "count": ("kernelab.api", "count"),
+    "compare": ("kernelab.api", "compare"),
+    "sweep": ("kernelab.sweep", "sweep"),
+    "Report": ("kernelab.report", "Report"),
+    "ops": ("kernelab.ops", None),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'kernelab' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    return module if attr is None else getattr(module, attr)

@@ -1,0 +1,220 @@
+"""count / compare: the kernels of a function in one or several modes, measured or predicted."""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import hardware
+from .capture import OpTrace, capture
+from .eager_rules import MEMOPS, Context, KernelSpec, lower_eager
+from .report import Kernel, Report
+from .traffic import ideal_bytes, kernel_bytes, largest_array_bytes, round_trips
+
+MODES = ("eager", "inductor", "kernelab")
+
+
+class KernelabError(Exception):
+    """A problem the user can fix (bad input, unsupported request): shown as one line."""
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise KernelabError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+def gpu_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def lower(trace: OpTrace, mode: str, ctx: Context) -> list[KernelSpec]:
+    """Predicted kernels of a trace in a mode."""
+    _check_mode(mode)
+    if mode == "eager":
+        return lower_eager(trace, ctx)
+    if mode == "inductor":
+        from .inductor_model import predict_inductor
+
+        return predict_inductor(trace, ctx)
+    raise KernelabError("mode 'kernelab' needs kernelab's compiler, which is not built yet (issue 4)")
+
+
+def _target_name(target) -> str:
+    if isinstance(target, torch.nn.Module):
+        return type(target).__name__
+    return getattr(target, "__name__", type(target).__name__)
+
+
+def count(target, *args, mode: str = "eager", predict: bool | None = None, profile: str | None = None,
+          name: str | None = None, **kwargs) -> Report:
+    """Which kernels ``target(*args, **kwargs)`` launches in ``mode``, and what each moves.
+
+    ``predict=None`` measures on a GPU and predicts without one; ``predict=True`` always predicts
+    (from the named device ``profile``: h200, h100, a100). The target may be a function or an
+    ``nn.Module`` (its parameters and buffers count as inputs). CPU tensors stand for CUDA tensors.
+    """
+    _check_mode(mode)
+    if not callable(target):
+        raise KernelabError(f"the target must be a function or an nn.Module, got {type(target).__name__}")
+    name = name or _target_name(target)
+    if predict is None:
+        predict = not gpu_available()
+    if not predict and not gpu_available():
+        raise KernelabError("measuring needs a CUDA GPU and none is available; use predict=True")
+    if predict:
+        return _predict(target, args, kwargs, mode, hardware.get_profile(profile or hardware.DEFAULT_PROFILE), name)
+    return _measure(target, args, kwargs, mode, name)
+
+
+def _traffic_fields(trace: OpTrace, specs: list[KernelSpec]) -> dict:
+    return {"largest_array_bytes": largest_array_bytes(trace, specs), "ideal_bytes": ideal_bytes(trace, specs),
+            "round_trips": round_trips(specs)}
+
+
+def _to_kernel(spec: KernelSpec, **kw) -> Kernel:
+    read, written = kernel_bytes(spec)
+    return Kernel(spec.name, spec.category, list(spec.ops), read, written, spec.flops,
+                  confidence=spec.confidence, reason=spec.reason, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prediction
+
+
+def _matmul_dtype(spec: KernelSpec) -> str:
+    return spec.reads[0].dtype if spec.reads else "float32"
+
+
+def predicted_kernel_us(spec: KernelSpec, profile: hardware.DeviceProfile) -> float:
+    """Roofline: the larger of moving the bytes and doing the math, never under a launch."""
+    read, written = kernel_bytes(spec)
+    t = (read + written) / profile.copy_bandwidth
+    if spec.category in ("matmul", "attention", "conv"):
+        t = max(t, spec.flops / profile.matmul_flops.get(_matmul_dtype(spec), profile.pointwise_flops()))
+    return max(t * 1e6, profile.launch_us)
+
+
+def predicted_wall_us(mode: str, kernel_us: list[float], profile: hardware.DeviceProfile) -> float:
+    """A call costs its device time or its host time, whichever is longer."""
+    host = profile.compiled_call_us if mode != "eager" else profile.eager_op_us * len(kernel_us)
+    return max(sum(kernel_us), host)
+
+
+def _predict(target, args, kwargs, mode, profile, name) -> Report:
+    trace = capture(target, args, kwargs, fake=True)
+    specs = lower(trace, mode, Context(profile.arch))
+    times = [predicted_kernel_us(s, profile) for s in specs]
+    kernels = [_to_kernel(s, time_us=t, ceiling_bytes_per_s=profile.copy_bandwidth,
+                          ceiling_flops=profile.matmul_flops.get(_matmul_dtype(s)))
+               for s, t in zip(specs, times)]
+    return Report(mode, name, False, f"{profile.name} (profile: {profile.source})", kernels,
+                  wall_time_us=predicted_wall_us(mode, times, profile),
+                  notes=[f"predicted from the {profile.name} profile; nothing ran"], **_traffic_fields(trace, specs))
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement (GPU)
+
+
+def _compiled(fn, mode: str):
+    if mode == "eager":
+        return fn
+    if mode == "inductor":
+        return torch.compile(fn)
+    raise KernelabError("mode 'kernelab' needs kernelab's compiler, which is not built yet (issue 4)")
+
+
+
+def attribute(measured: list, specs: list[KernelSpec], mode: str) -> list[tuple[Any, KernelSpec | None]]:
+    """Pair measured kernels with predicted ones (same op in eager, same category compiled), in order,
+    so each measured kernel gets the bytes and FLOPs the trace says it moves."""
+    if mode == "eager":
+        left = [(k.op or "").split("::")[-1] for k in measured]
+        right = [s.ops[0] if s.ops else "" for s in specs]
+    else:
+        left = [k.category for k in measured]
+        right = [s.category for s in specs]
+    pairs: list = [(k, None) for k in measured]
+    matcher = difflib.SequenceMatcher(None, left, right, autojunk=False)
+    for block in matcher.get_matching_blocks():
+        for j in range(block.size):
+            pairs[block.a + j] = (measured[block.a + j], specs[block.b + j])
+    return pairs
+
+
+def _measured_kernel(dk, spec: KernelSpec | None, ceilings: hardware.Ceilings) -> Kernel:
+    category = dk.category if dk.kind == "kernel" else dk.kind
+    if spec is None:
+        k = Kernel(dk.name, category, [(dk.op or "?").split("::")[-1]], confidence="low",
+                   reason="not paired with a predicted kernel: bytes not attributed")
+    else:
+        k = _to_kernel(spec)
+        k.name, k.category = dk.name, category
+    k.time_us, k.measured = dk.duration_us, True
+    k.ceiling_bytes_per_s = ceilings.copy_bandwidth
+    k.ceiling_flops = ceilings.matmul_flops.get(_matmul_dtype(spec)) if spec and spec.reads else None
+    return k
+
+
+def time_call(fn, reset) -> float:
+    """Median wall time of one call in microseconds (CUDA events, after warm-up)."""
+    import triton.testing
+
+    def call():
+        reset()
+        fn()
+
+    return 1000.0 * triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
+
+
+def _measure(target, args, kwargs, mode, name) -> Report:
+    from .measure import measure_kernels
+    from .targets import prepare_on_device
+
+    if kwargs:
+        raise KernelabError("measuring takes positional arguments only")
+    gpu = torch.cuda.get_device_name()
+    ctx = Context(torch.cuda.get_device_capability())
+    trace = capture(target, args, kwargs, fake=False, device="cuda")
+    specs = lower(trace, mode, ctx)
+    prepared = prepare_on_device(target, tuple(args), "cuda")
+    fn = _compiled(prepared.fn, mode)
+    measured = measure_kernels(fn, prepared.args, reset=prepared.reset_grads)
+    ceilings = hardware.cached_or_copy_only()
+    kernels = [_measured_kernel(dk, spec, ceilings) for dk, spec in attribute(measured, specs, mode)]
+    wall = time_call(lambda: fn(*prepared.args), prepared.reset_grads)
+    notes = [f"measured on {gpu}, torch {torch.__version__}; ceilings: copy {ceilings.copy_bandwidth / 1e12:.2f} TB/s"]
+    return Report(mode, name, True, gpu, kernels, wall_time_us=wall, notes=notes, **_traffic_fields(trace, specs))
+
+
+# ---------------------------------------------------------------------------------------------
+# compare
+
+
+@dataclass
+class Comparison:
+    reports: dict[str, Report]
+
+    def summary(self) -> str:
+        return "; ".join(r.summary() for r in self.reports.values())
+
+    def to_dict(self) -> dict:
+        return {mode: r.to_dict() for mode, r in self.reports.items()}
+
+    def __getitem__(self, mode: str) -> Report:
+        return self.reports[mode]
+
+    def __rich_console__(self, console, options):
+        for report in self.reports.values():
+            yield report.table()
+        yield self.summary()
+
+
+def compare(target, *args, modes=("eager", "inductor"), predict: bool | None = None, profile: str | None = None,
+            **kwargs) -> Comparison:
+    """The same function in several modes, side by side."""
+    if not modes:
+        raise KernelabError("compare needs at least one mode")
+    return Comparison({m: count(target, *args, mode=m, predict=predict, profile=profile, **kwargs) for m in modes})

@@ -1,0 +1,375 @@
+"""Capture: run a function under a dispatch-level recorder and return its OpTrace.
+
+Every ATen op that reaches the dispatcher is recorded with the tensors it reads and writes
+(storage identity, shape, stride, dtype), whether it is a view, and whether it ran in the
+backward pass. Composite ops (``F.linear``, ``logsumexp``, ...) are already decomposed at this
+level, so the trace is what a device backend actually executes.
+
+Two ways to run:
+
+* ``fake=True`` (no GPU): tensors become fake tensors (``FakeTensorMode``): nothing is allocated
+  and nothing runs. They stay CPU fakes, because a CPU-only PyTorch build aborts when autograd
+  meets a CUDA fake tensor; the few ops whose decomposition depends on the device (dropout, SDPA)
+  are recorded at the ``torch.nn.functional`` level instead, as the op a CUDA device would run.
+* ``fake=False``: the real tensors run (on a GPU, to pair the trace with measured kernels).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Ops that only describe tensors: they never reach a device.
+_IGNORED_NAMESPACES = ("prim",)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as an op saw it: which storage, which elements, what type."""
+
+    storage: int  # small integer, unique per storage within one trace
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: str
+    itemsize: int
+    device: str
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def footprint(self) -> int:
+        """Bytes of memory the tensor spans once: broadcast (stride-0) dims count once."""
+        n = 1
+        for size, stride in zip(self.shape, self.stride):
+            if size == 0:
+                return 0
+            if stride != 0:
+                n *= size
+        return n * self.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in reversed(list(zip(self.shape, self.stride))):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    @property
+    def region(self) -> tuple:
+        """Identity of the elements (not the values): storage plus the view's geometry."""
+        return (self.storage, self.offset, self.shape, self.stride)
+
+
+@dataclass
+class OpRecord:
+    """One ATen op call."""
+
+    index: int
+    name: str  # e.g. "aten.add.Tensor"
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    mutated: list[TensorInfo]  # inputs the op writes in place (schema "Tensor(a!)")
+    is_view: bool  # output aliases an input, nothing is computed
+    backward: bool  # ran inside the autograd engine
+    args: dict[str, Any] = field(default_factory=dict)  # schema argument name -> value (tensors as TensorInfo)
+    origin: str = ""  # the torch.nn.functional call that produced it, when known
+
+    @property
+    def packet(self) -> str:
+        """"aten.add.Tensor" -> "aten.add"."""
+        parts = self.name.split(".")
+        return ".".join(parts[:2])
+
+    @property
+    def short(self) -> str:
+        """"aten.add.Tensor" -> "add"."""
+        return self.name.split(".")[1]
+
+    @property
+    def written(self) -> list[TensorInfo]:
+        return self.outputs + [t for t in self.mutated if t.region not in {o.region for o in self.outputs}]
+
+
+@dataclass
+class OpTrace:
+    """All ops of one call, plus what the function received and returned."""
+
+    ops: list[OpRecord]
+    inputs: list[TensorInfo]  # argument tensors, module parameters and buffers
+    outputs: list[TensorInfo]  # returned tensors, tensors mutated in place, gradients produced
+    device: str
+
+    def __iter__(self):
+        return iter(self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+class _StorageIds:
+    """Gives each storage a small stable integer; keeps the storages alive so ids never recycle."""
+
+    def __init__(self):
+        self._ids: dict[int, int] = {}
+        self._alive: list[Any] = []
+
+    def info(self, t: torch.Tensor) -> TensorInfo:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key not in self._ids:
+            self._ids[key] = len(self._ids)
+            self._alive.append(storage)
+        return TensorInfo(
+            storage=self._ids[key],
+            shape=tuple(int(s) for s in t.shape),
+            stride=tuple(int(s) for s in t.stride()),
+            offset=int(t.storage_offset()),
+            dtype=str(t.dtype).replace("torch.", ""),
+            itemsize=t.element_size(),
+            device=str(t.device.type),
+        )
+
+
+def _bind_arguments(func, args, kwargs) -> dict[str, Any]:
+    bound = {}
+    schema_args = func._schema.arguments
+    for arg, value in zip(schema_args, args):
+        bound[arg.name] = value
+    bound.update(kwargs)
+    return bound
+
+
+def _mutated_inputs(func, args, kwargs) -> list[torch.Tensor]:
+    bound = _bind_arguments(func, args, kwargs)
+    out = []
+    for schema_arg in func._schema.arguments:
+        if schema_arg.alias_info is not None and schema_arg.alias_info.is_write:
+            value = bound.get(schema_arg.name)
+            out.extend(v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
+    return out
+
+
+def _is_view(func) -> bool:
+    if getattr(func, "is_view", False):
+        return True
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every op; ops inside a device-specific functional call are folded into that call."""
+
+    def __init__(self, ids: _StorageIds):
+        super().__init__()
+        self.ids = ids
+        self.ops: list[OpRecord] = []
+        self.suppress = 0
+        self.origin = ""
+
+    def tensor_infos(self, tree) -> list[TensorInfo]:
+        return [self.ids.info(t) for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.suppress or func.namespace in _IGNORED_NAMESPACES:
+            return out
+        self.record(func, args, kwargs, out)
+        return out
+
+    def record(self, func, args, kwargs, out, name: str | None = None, backward: bool | None = None):
+        bound = _bind_arguments(func, args, kwargs) if func is not None else dict(kwargs)
+        mutated = _mutated_inputs(func, args, kwargs) if func is not None else []
+        info_args = {
+            k: pytree.tree_map(lambda v: self.ids.info(v) if isinstance(v, torch.Tensor) else v, v)
+            for k, v in bound.items()
+        }
+        self.ops.append(
+            OpRecord(
+                index=len(self.ops),
+                name=name or _op_name(func),
+                inputs=self.tensor_infos((args, kwargs)),
+                outputs=_without(self.tensor_infos(out), {self.ids.info(m).region for m in mutated}),
+                mutated=[self.ids.info(m) for m in mutated],
+                is_view=_is_view(func) if func is not None else False,
+                backward=torch._C._current_autograd_node() is not None if backward is None else backward,
+                args=info_args,
+                origin=self.origin,
+            )
+        )
+
+
+def _without(infos: list[TensorInfo], regions: set) -> list[TensorInfo]:
+    """In-place ops return the tensor they mutate: that is a write already counted as mutated."""
+    return [i for i in infos if i.region not in regions]
+
+
+def _op_name(func) -> str:
+    return f"{func.namespace}.{func._schema.name.split('::')[1]}.{func._overloadname}"
+
+
+# Functional calls whose CPU decomposition differs from what a CUDA device runs. Each maps to the
+# single ATen op the CUDA path launches; the CPU ops run underneath are not recorded.
+def _dropout_applies(args, kwargs) -> bool:
+    p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+    training = kwargs.get("training", args[2] if len(args) > 2 else True)
+    return bool(training) and 0.0 < float(p) < 1.0
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_DEVICE_SPECIFIC = {
+    # function: (op recorded, positional argument names, does the device-specific path apply?)
+    F.scaled_dot_product_attention: ("aten.scaled_dot_product_attention.cuda", _SDPA_ARGS, lambda a, k: True),
+    F.dropout: ("aten.native_dropout.default", ("input", "p", "training", "inplace"), _dropout_applies),
+}
+
+
+class _DeviceSpecificCalls(TorchFunctionMode):
+    """Folds the calls in _DEVICE_SPECIFIC into one recorded op (fake capture only)."""
+
+    def __init__(self, recorder: _Recorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        entry = _DEVICE_SPECIFIC.get(func)
+        if entry is None or self.recorder.suppress or not entry[2](args, kwargs):
+            return func(*args, **kwargs)
+        name, arg_names, _ = entry
+        self.recorder.suppress += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.recorder.suppress -= 1
+        bound = {**dict(zip(arg_names, args)), **kwargs}
+        self.recorder.record(None, (), bound, out, name=name)
+        rec = self.recorder.ops[-1]
+        rec.inputs = self.recorder.tensor_infos((args, kwargs))
+        rec.outputs = self.recorder.tensor_infos(out)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparing the target: fake tensors for prediction, real ones for measurement.
+
+
+@dataclass
+class Prepared:
+    call: Callable[[], Any]
+    input_tensors: list[torch.Tensor]  # args, parameters and buffers as the function sees them
+    grad_leaves: list[torch.Tensor]  # tensors whose .grad the function may fill
+
+
+def _to_fake(t, mode):
+    """A fake CPU tensor for a real or meta tensor (meta inputs let sweeps predict 1e9 elements
+    without allocating them)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.is_meta:
+        with mode:
+            fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+        return fake.requires_grad_(t.requires_grad)
+    return mode.from_tensor(t)
+
+
+def _fake_target(target, args, kwargs, mode):
+    convert = lambda t: _to_fake(t, mode)  # noqa: E731
+    fargs = pytree.tree_map(convert, (args, kwargs))
+    if isinstance(target, torch.nn.Module):
+        state = {name: convert(t) for name, t in _module_state(target).items()}
+        fn = lambda *a, **k: torch.func.functional_call(target, state, a, k)  # noqa: E731
+        extra = list(state.values())
+    else:
+        fn, extra = target, []
+    return fn, fargs, extra
+
+
+def _module_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    state = dict(module.named_parameters())
+    state.update(dict(module.named_buffers()))
+    return state
+
+
+def prepare(target, args, kwargs, *, fake_mode=None, device=None) -> Prepared:
+    """Bind target and inputs: as fakes inside ``fake_mode``, or copied to ``device``."""
+    if not callable(target):
+        raise ValueError(f"the target must be a function or an nn.Module, got {type(target).__name__}")
+    if fake_mode is not None:
+        fn, (fargs, fkwargs), extra = _fake_target(target, args, kwargs, fake_mode)
+    else:
+        from .targets import prepare_on_device
+
+        moved = prepare_on_device(target, tuple(args), device)
+        fn, fargs, fkwargs = moved.fn, moved.args, kwargs
+        extra = list(_module_state(moved.module).values()) if moved.module is not None else []
+    tensors = [t for t in pytree.tree_leaves((fargs, fkwargs)) if isinstance(t, torch.Tensor)] + extra
+    leaves = [t for t in tensors if t.requires_grad and t.is_leaf]
+    return Prepared(lambda: fn(*fargs, **fkwargs), tensors, leaves)
+
+
+def reset_grads(prepared: Prepared) -> None:
+    """Clear .grad so every call starts like the first one (no accumulate-add on repeat calls)."""
+    for t in prepared.grad_leaves:
+        t.grad = None
+
+
+def capture(target, args=(), kwargs=None, *, fake: bool = True, device=None) -> OpTrace:
+    """Run ``target(*args, **kwargs)`` once under the recorder and return the trace.
+
+    With ``fake=True`` nothing runs; CPU tensors among the inputs (and a module's parameters)
+    stand for CUDA tensors of the same shape, dtype and strides.
+    """
+    kwargs = kwargs or {}
+    ids = _StorageIds()
+    recorder = _Recorder(ids)
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with fake_mode:
+            prepared = prepare(target, args, kwargs, fake_mode=fake_mode)
+        modes = [fake_mode, _DeviceSpecificCalls(recorder), recorder]
+    else:
+        prepared = prepare(target, args, kwargs, device=device)
+        modes = [recorder]
+    inputs = [ids.info(t) for t in prepared.input_tensors]
+    with contextlib.ExitStack() as stack:
+        for m in modes:
+            stack.enter_context(m)
+        result = prepared.call()
+    outputs = _function_outputs(result, recorder, prepared, ids)
+    trace_device = "cuda" if fake else str(device or "cpu")
+    return OpTrace(recorder.ops, inputs, outputs, trace_device)
+
+
+def _function_outputs(result, recorder, prepared, ids) -> list[TensorInfo]:
+    """Returned tensors, inputs written in place, and gradients left in .grad."""
+    outs = [ids.info(t) for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+    input_storages = {ids.info(t).storage for t in prepared.input_tensors}
+    for op in recorder.ops:
+        outs.extend(m for m in op.mutated if m.storage in input_storages)
+    outs.extend(ids.info(t.grad) for t in prepared.grad_leaves if t.grad is not None)
+    unique = {}
+    for t in outs:
+        unique.setdefault(t.region, t)
+    return list(unique.values())

@@ -1,0 +1,216 @@
+"""One data model for every output: Report and Kernel, rendered as a table, JSON or a summary line.
+
+JSON (``Report.to_dict()``, ``kernelab count --json``), schema version 1::
+
+    {"schema_version": 1, "mode": "eager", "target": "add_relu", "measured": false,
+     "device": "h200 (predicted)", "totals": {num_kernels, num_memops, bytes_read, bytes_written,
+     bytes, transfers, ideal_bytes, ideal_transfers, fusion_headroom, round_trips, time_us},
+     "kernels": [{name, category, kind, ops, launches, bytes_read, bytes_written, flops,
+                  time_us, gbps, tflops, pct_of_ceiling, measured, confidence, reason}],
+     "round_trips": [{storage, shape, dtype, writer, readers, bytes}], "notes": [...]}
+
+Every time and rate says whether it was measured or predicted (``measured``); bytes and FLOPs are
+always counted from the op trace (compulsory traffic), never read from hardware counters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Kernel:
+    name: str
+    category: str
+    ops: list[str]
+    bytes_read: int = 0
+    bytes_written: int = 0
+    flops: float = 0.0
+    launches: int = 1
+    time_us: float | None = None
+    measured: bool = False
+    ceiling_bytes_per_s: float | None = None
+    ceiling_flops: float | None = None
+    confidence: str = "high"
+    reason: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.category if self.category in ("memset", "memcpy") else "kernel"
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def gbps(self) -> float | None:
+        if not self.time_us:
+            return None
+        return self.bytes / (self.time_us * 1e-6) / 1e9
+
+    @property
+    def tflops(self) -> float | None:
+        if not self.time_us:
+            return None
+        return self.flops / (self.time_us * 1e-6) / 1e12
+
+    @property
+    def pct_of_ceiling(self) -> float | None:
+        """The larger of bandwidth and compute utilization: how close to the limit that binds."""
+        if not self.time_us:
+            return None
+        shares = []
+        if self.ceiling_bytes_per_s:
+            shares.append(self.bytes / (self.time_us * 1e-6) / self.ceiling_bytes_per_s)
+        if self.ceiling_flops and self.flops:
+            shares.append(self.flops / (self.time_us * 1e-6) / self.ceiling_flops)
+        return 100.0 * max(shares) if shares else None
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "category": self.category, "kind": self.kind, "ops": self.ops,
+            "launches": self.launches, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+            "flops": self.flops, "time_us": self.time_us, "gbps": self.gbps, "tflops": self.tflops,
+            "pct_of_ceiling": self.pct_of_ceiling, "measured": self.measured,
+            "confidence": self.confidence, "reason": self.reason,
+        }
+
+
+@dataclass
+class Report:
+    mode: str
+    target: str
+    measured: bool
+    device: str
+    kernels: list[Kernel]
+    largest_array_bytes: int
+    ideal_bytes: int
+    round_trips: list = field(default_factory=list)  # traffic.RoundTrip
+    wall_time_us: float | None = None  # one whole call, host overhead included
+    notes: list[str] = field(default_factory=list)
+
+    # -- totals --------------------------------------------------------------------------
+    @property
+    def num_kernels(self) -> int:
+        return sum(k.launches for k in self.kernels if k.kind == "kernel")
+
+    @property
+    def num_memops(self) -> int:
+        return sum(k.launches for k in self.kernels if k.kind != "kernel")
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(k.bytes_read for k in self.kernels)
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(k.bytes_written for k in self.kernels)
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def transfers(self) -> float:
+        """Bytes moved over the size of the largest input or output array."""
+        return self.bytes / self.largest_array_bytes if self.largest_array_bytes else 0.0
+
+    @property
+    def ideal_transfers(self) -> float:
+        return self.ideal_bytes / self.largest_array_bytes if self.largest_array_bytes else 0.0
+
+    @property
+    def fusion_headroom(self) -> float:
+        """How many times more bytes than a fully fused version would move (1.0 = none left)."""
+        return self.bytes / self.ideal_bytes if self.ideal_bytes else 1.0
+
+    @property
+    def kernel_time_us(self) -> float | None:
+        times = [k.time_us for k in self.kernels]
+        return None if any(t is None for t in times) else sum(times)
+
+    @property
+    def time_us(self) -> float | None:
+        return self.wall_time_us if self.wall_time_us is not None else self.kernel_time_us
+
+    @property
+    def categories(self) -> list[str]:
+        return [k.category for k in self.kernels]
+
+    # -- rendering -----------------------------------------------------------------------
+    def summary(self) -> str:
+        """One line a person can repeat to a colleague."""
+        trips = len(self.round_trips)
+        parts = [f"{self.num_kernels} kernel{'s' if self.num_kernels != 1 else ''}"]
+        if self.num_memops:
+            parts.append(f"{self.num_memops} memop{'s' if self.num_memops != 1 else ''}")
+        parts.append(f"{self.transfers:.3g} array transfers")
+        parts.append(f"{trips} round trip{'s' if trips != 1 else ''}")
+        line = f"{self.mode}: " + ", ".join(parts)
+        if self.time_us is not None:
+            line += f", {_fmt_time(self.time_us)} {'measured' if self.measured else 'predicted'}"
+        return line
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION, "mode": self.mode, "target": self.target,
+            "measured": self.measured, "device": self.device,
+            "totals": {
+                "num_kernels": self.num_kernels, "num_memops": self.num_memops,
+                "bytes_read": self.bytes_read, "bytes_written": self.bytes_written, "bytes": self.bytes,
+                "largest_array_bytes": self.largest_array_bytes, "transfers": self.transfers,
+                "ideal_bytes": self.ideal_bytes, "ideal_transfers": self.ideal_transfers,
+                "fusion_headroom": self.fusion_headroom, "round_trips": len(self.round_trips),
+                "kernel_time_us": self.kernel_time_us, "wall_time_us": self.wall_time_us,
+            },
+            "kernels": [k.to_dict() for k in self.kernels],
+            "round_trips": [t.to_dict() for t in self.round_trips],
+            "notes": self.notes,
+        }
+
+    def table(self):
+        """A rich Table, one row per kernel."""
+        from rich.table import Table
+
+        how = "measured" if self.measured else "predicted"
+        table = Table(title=f"{self.target} — {self.mode} — {self.device} ({how})", title_justify="left")
+        for column in ("#", "kernel", "category", "ops", "read", "written", "time", "GB/s", "% ceiling"):
+            table.add_column(column, justify="right" if column in ("#", "read", "written", "time", "GB/s", "% ceiling") else "left")
+        for i, k in enumerate(self.kernels):
+            name = k.name if k.confidence == "high" else f"{k.name} [dim](?)[/dim]"
+            table.add_row(str(i), _clip(name, 48), k.category, _clip(",".join(k.ops), 28), fmt_bytes(k.bytes_read),
+                          fmt_bytes(k.bytes_written), _fmt_time(k.time_us), _fmt_num(k.gbps), _fmt_num(k.pct_of_ceiling))
+        table.caption = self.summary() + f"; fused ideal {self.ideal_transfers:.3g} transfers"
+        return table
+
+    def __rich__(self):
+        return self.table()
+
+    def __repr__(self) -> str:
+        return f"<Report {self.summary()}>"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def _fmt_time(us: float | None) -> str:
+    if us is None:
+        return "-"
+    return f"{us / 1000:.3g} ms" if us >= 1000 else f"{us:.3g} µs"
+
+
+def _fmt_num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _clip(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"

@@ -1,0 +1,19 @@
+# Sourced by the README's two commands: make (once) and activate the project's virtual environment.
+# torch is installed first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${KERNELAB_VENV:-$ROOT/.venv}"
+TORCH_PIN="${KERNELAB_TORCH:-torch==2.13.0}"
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+STAMP="$VENV/.kernelab-installed"
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
+    python -m pip install -q --upgrade pip
+    python -c "import torch" 2>/dev/null || python -m pip install -q "$TORCH_PIN"
+    python -m pip install -q -e "$ROOT[dev]"
+    touch "$STAMP"
+fi
+cd "$ROOT"
