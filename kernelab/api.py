@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,8 +66,26 @@ def count(target, *args, mode: str = "eager", predict: bool | None = None, profi
     if not predict and not gpu_available():
         raise KernelabError("measuring needs a CUDA GPU and none is available; use predict=True")
     if predict:
-        return _predict(target, args, kwargs, mode, hardware.get_profile(profile or hardware.DEFAULT_PROFILE), name)
-    return _measure(target, args, kwargs, mode, name)
+        report = _predict(target, args, kwargs, mode, _profile(profile), name)
+    else:
+        report = _measure(target, args, kwargs, mode, name)
+    report.debug(debug_level(), sys.stderr)
+    return report
+
+
+def debug_level() -> int:
+    """KERNELAB_DEBUG=1..3: summary / a line per kernel / fusion decisions (the one debug switch)."""
+    try:
+        return int(os.environ.get("KERNELAB_DEBUG", "0"))
+    except ValueError:
+        return 0
+
+
+def _profile(name: str | None) -> hardware.DeviceProfile:
+    try:
+        return hardware.get_profile(name or hardware.DEFAULT_PROFILE)
+    except ValueError as exc:
+        raise KernelabError(str(exc)) from None
 
 
 def _traffic_fields(trace: OpTrace, specs: list[KernelSpec]) -> dict:

@@ -288,6 +288,14 @@ RULES: dict[str, Rule] = {
     "aten.scaled_dot_product_attention": sdpa,
     "aten._scaled_dot_product_flash_attention_for_cpu": sdpa,
     "aten._scaled_dot_product_flash_attention_for_cpu_backward": sdpa_backward,
+    # the CUDA backends themselves (seen when a real GPU run is captured)
+    "aten._scaled_dot_product_cudnn_attention": sdpa, "aten._scaled_dot_product_flash_attention": sdpa,
+    "aten._scaled_dot_product_efficient_attention": sdpa,
+    "aten._scaled_dot_product_cudnn_attention_backward": sdpa_backward,
+    "aten._scaled_dot_product_flash_attention_backward": sdpa_backward,
+    "aten._scaled_dot_product_efficient_attention_backward": sdpa_backward,
+    "aten.cudnn_batch_norm": low("reduction", "cuDNN batch norm", 1),
+    "aten.cudnn_batch_norm_backward": low("reduction", "cuDNN batch norm backward", 1),
 }
 
 

@@ -67,6 +67,13 @@ class Kernel:
             shares.append(self.flops / (self.time_us * 1e-6) / self.ceiling_flops)
         return 100.0 * max(shares) if shares else None
 
+    def line(self) -> str:
+        """The per-kernel line of KERNELAB_DEBUG=2 (same fields as a table row)."""
+        how = "measured" if self.measured else "predicted"
+        return (f"{self.category:<10} {fmt_bytes(self.bytes_read):>9} read {fmt_bytes(self.bytes_written):>9} written "
+                f"{_fmt_time(self.time_us):>9} {how}  {self.name} [{','.join(self.ops)}]"
+                + (f"  ({self.reason})" if self.reason else ""))
+
     def to_dict(self) -> dict:
         return {
             "name": self.name, "category": self.category, "kind": self.kind, "ops": self.ops,
@@ -183,6 +190,14 @@ class Report:
                           fmt_bytes(k.bytes_written), _fmt_time(k.time_us), _fmt_num(k.gbps), _fmt_num(k.pct_of_ceiling))
         table.caption = self.summary() + f"; fused ideal {self.ideal_transfers:.3g} transfers"
         return table
+
+    def debug(self, level: int, stream) -> None:
+        """KERNELAB_DEBUG: 1 the summary line, 2 also a line per kernel."""
+        if level >= 1:
+            print(f"[kernelab] {self.target}: {self.summary()}", file=stream)
+        if level >= 2:
+            for i, k in enumerate(self.kernels):
+                print(f"[kernelab]   #{i:<3} {k.line()}", file=stream)
 
     def __rich__(self):
         return self.table()

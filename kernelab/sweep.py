@@ -165,9 +165,9 @@ def sweep(target, make_args: Callable[[int], tuple], sizes, modes=("eager", "ind
 
 
 def _args_for(make_args, size: int, predict: bool) -> tuple:
-    """Inputs of one size; on the meta device when predicting (nothing is allocated)."""
-    ctx = torch.device("meta") if predict else contextlib.nullcontext()
-    with ctx:
+    """Inputs of one size: on the meta device when predicting (nothing is allocated), on the GPU
+    when measuring (a 1e9-element input is not built on the host first)."""
+    with torch.device("meta" if predict else "cuda"):
         args = make_args(size)
     return args if isinstance(args, tuple) else (args,)
 

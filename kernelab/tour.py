@@ -16,8 +16,11 @@ TOUR_SIZE = 1_000_000
 
 
 def _tour_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(n, generator=g), torch.randn(n, generator=g)
+    device = torch.get_default_device()
+    g = torch.Generator(device="cpu" if device.type == "meta" else device).manual_seed(0)
+    if device.type == "meta":  # prediction: shapes only
+        return torch.empty(n), torch.empty(n)
+    return torch.randn(n, generator=g, device=device), torch.randn(n, generator=g, device=device)
 
 
 def run_tour(args, console) -> int:

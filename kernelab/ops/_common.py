@@ -1,0 +1,179 @@
+"""Plumbing shared by every kernel family of ``kernelab.ops`` (no kernels live here).
+
+* where a call runs: Triton on CUDA tensors, Triton's interpreter on CPU tensors under
+  ``TRITON_INTERPRET=1``, else the PyTorch reference (said once, with a reason);
+* which path a call takes: a plain ``autograd.Function`` in eager code (cheapest per call), the
+  registered ``torch.library`` custom op when something traces (``torch.compile``, a dispatch mode
+  such as FakeTensorMode or ``kernelab.count``'s recorder);
+* how a tensor becomes the ``[M, N]`` rows the row kernels read, and how outputs are allocated;
+* launch configurations (block sizes, warps, grids), one function per kind of kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+import triton
+import triton.language as tl
+
+
+class KernelabFallbackWarning(UserWarning):
+    """A kernelab op ran its PyTorch reference instead of its Triton kernel."""
+
+
+@triton.jit
+def _probe():
+    pass
+
+
+#: Triton was imported with TRITON_INTERPRET=1: kernels then run (slowly, exactly) on CPU tensors.
+INTERPRETED = type(_probe).__name__ == "InterpretedFunction"
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INT32_MAX = 2**31 - 1
+
+
+# --------------------------------------------------------------------------- where and how a call runs
+def use_triton(t: torch.Tensor) -> bool:
+    """True when ``t`` can be handed to a Triton kernel; otherwise warn (once) and say why."""
+    if t.is_cuda or (INTERPRETED and t.device.type == "cpu"):
+        return True
+    if not torch.compiler.is_compiling():
+        # One message from one line: Python's default filter shows it once per process.
+        warnings.warn(
+            "kernelab.ops: tensors are not on a CUDA device and TRITON_INTERPRET=1 was not set when "
+            "Triton was imported, so the ops run their PyTorch reference implementations instead of "
+            "the Triton kernels",
+            KernelabFallbackWarning,
+            stacklevel=3,
+        )
+    return False
+
+
+def traced(*tensors) -> bool:
+    """True when the call must go through the registered custom op rather than the eager fast path.
+
+    The custom op is what torch.compile and dispatch modes (FakeTensorMode, kernelab.count) see;
+    eager code skips its ~10 us of dispatch overhead by calling the same launchers through an
+    autograd.Function.
+    """
+    if torch.compiler.is_compiling():
+        return True
+    if torch._C._len_torch_dispatch_stack() > 0:
+        return True
+    return any(t is not None and type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+
+
+def apply(function: type[torch.autograd.Function], op, *args):
+    """Run ``op(*args)`` (the custom op) when tracing, else ``function.apply(*args)``."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return op(*args) if traced(*tensors) else function.apply(*args)
+
+
+def call(op, launcher, *args):
+    """Backward helper: the custom backward op when tracing, the launcher itself in eager code."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return op(*args) if traced(*tensors) else launcher(*args)
+
+
+def eager_function(name: str, forward, setup_context, backward) -> type[torch.autograd.Function]:
+    """An autograd.Function built from the pieces registered on the custom op (shared, not copied)."""
+
+    def _forward(ctx, *args):
+        out = forward(*args)
+        setup_context(ctx, args, out)
+        return out
+
+    return type(
+        name,
+        (torch.autograd.Function,),
+        {"forward": staticmethod(_forward), "backward": staticmethod(backward)},
+    )
+
+
+# --------------------------------------------------------------------------- tensors
+def empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every kernel output is allocated here (tests replace it to poison outputs with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` viewed as ``[M, n]`` rows with unit column stride; copied only when no view exists."""
+    x2 = x.reshape(-1, n)
+    if n > 1 and x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+def needs_int64(*tensors: torch.Tensor) -> bool:
+    """True when some element offset of these tensors can exceed int32."""
+    for t in tensors:
+        if t is None or t.numel() == 0:
+            continue
+        span = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+        if max(span, t.numel()) > INT32_MAX:
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device``; 4 under the interpreter (enough to exercise persistent loops)."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+# --------------------------------------------------------------------------- launch configurations
+# Memory-bound kernels want ~16 elements per thread (two or four 16-byte loads per operand in
+# flight) and programs big enough that per-program overhead vanishes.
+ELEMS_PER_THREAD = 16
+#: Longest row held in registers by one program (one tensor). Longer rows loop over chunks.
+MAX_FUSED = 16384
+#: Bytes of rows a persistent looped kernel keeps "between its two passes" across the GPU: its
+#: second pass re-reads them, newest first, from L2 (60 MB on an H200) instead of HBM.
+L2_BUDGET = 24 * 2**20
+
+
+def warps_for(elements: int) -> int:
+    return max(1, min(32, elements // (32 * ELEMS_PER_THREAD)))
+
+
+def row_tile(m: int, n: int, max_fused: int = MAX_FUSED, tile: int = 4096) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for one-pass row kernels; several short rows per program."""
+    block_n = triton.next_power_of_2(max(n, 1))
+    assert block_n <= max_fused
+    block_m = max(1, min(triton.next_power_of_2(max(m, 1)), tile // block_n))
+    return block_m, block_n, warps_for(block_m * block_n)
+
+
+def chunk_config(elem_size: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) for looped kernels: 32 KB of one operand per chunk."""
+    block_n = 32768 // elem_size
+    return block_n, 32
+
+
+def persistent_grid(m: int, row_bytes: int, device: torch.device) -> int:
+    """Programs of a persistent looped row kernel: rows in flight sized so re-reads hit L2."""
+    sms = sm_count(device)
+    per_sm = max(1, min(4, L2_BUDGET // max(1, sms * row_bytes)))
+    return max(1, min(m, sms * per_sm))
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise NotImplementedError(f'"{name}" not implemented for \'{str(t.dtype).replace("torch.", "")}\'')
+
+
+@triton.jit
+def row_offsets(pid, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row indices (int64: a row offset can pass 2^31) and column indices of one program's tile."""
+    rows = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    return rows, cols

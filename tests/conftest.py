@@ -1,0 +1,13 @@
+import os
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    """Ceilings and other caches go to a temporary folder, never the user's home."""
+    monkeypatch.setenv("KERNELAB_CACHE", str(tmp_path / "cache"))
+
+
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
