@@ -126,11 +126,32 @@ class OpTrace:
 
 
 class _StorageIds:
-    """Gives each storage a small stable integer; keeps the storages alive so ids never recycle."""
+    """Gives each storage a small stable integer; keeps the storages alive so ids never recycle.
+
+    Sizes that depend on data (``x[x > 0]`` under fake tensors) are unknown: each such symbol is
+    estimated once (see ``estimate``) and used consistently for every tensor that carries it.
+    """
 
     def __init__(self):
         self._ids: dict[int, int] = {}
         self._alive: list[Any] = []
+        self.estimates: dict[Any, int] = {}
+
+    def estimate(self, size, value: int) -> None:
+        """Give a data-dependent size symbol a value (used before any tensor of that size is read)."""
+        if isinstance(size, torch.SymInt):
+            for symbol in size.node.expr.free_symbols:
+                self.estimates.setdefault(symbol, value)
+
+    def size(self, s) -> int:
+        if not isinstance(s, torch.SymInt):
+            return int(s)
+        expr = s.node.expr
+        if s.node.hint is not None:
+            return int(s.node.hint)
+        for symbol in expr.free_symbols:
+            self.estimates.setdefault(symbol, 1)
+        return int(expr.subs(self.estimates))
 
     def info(self, t: torch.Tensor) -> TensorInfo:
         storage = t.untyped_storage()
@@ -140,9 +161,9 @@ class _StorageIds:
             self._alive.append(storage)
         return TensorInfo(
             storage=self._ids[key],
-            shape=tuple(int(s) for s in t.shape),
-            stride=tuple(int(s) for s in t.stride()),
-            offset=int(t.storage_offset()),
+            shape=tuple(self.size(s) for s in t.shape),
+            stride=tuple(self.size(s) for s in t.stride()),
+            offset=self.size(t.storage_offset()),
             dtype=str(t.dtype).replace("torch.", ""),
             itemsize=t.element_size(),
             device=str(t.device.type),
@@ -193,8 +214,18 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if self.suppress or func.namespace in _IGNORED_NAMESPACES:
             return out
+        self.estimate_data_dependent(args, out)
         self.record(func, args, kwargs, out)
         return out
+
+    def estimate_data_dependent(self, args, out) -> None:
+        """A size only the data decides (a boolean mask's count) is taken as half its bound."""
+        bound = max((t.numel() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)
+                     and not isinstance(t.numel(), torch.SymInt)), default=1)
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                for size in t.shape:
+                    self.ids.estimate(size, max(bound // 2, 1))
 
     def record(self, func, args, kwargs, out, name: str | None = None, backward: bool | None = None):
         bound = _bind_arguments(func, args, kwargs) if func is not None else dict(kwargs)
@@ -345,7 +376,10 @@ def capture(target, args=(), kwargs=None, *, fake: bool = True, device=None) -> 
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        # a ShapeEnv lets data-dependent sizes (boolean masks, nonzero) become symbols
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
         with fake_mode:
             prepared = prepare(target, args, kwargs, fake_mode=fake_mode)
         modes = [fake_mode, _DeviceSpecificCalls(recorder), recorder]

@@ -44,6 +44,7 @@ class Context:
     """What the prediction depends on beyond the trace: the GPU's architecture."""
 
     arch: tuple[int, int] = (9, 0)
+    sms: int = 132
 
 
 Rule = Callable[[OpRecord, Context], list[KernelSpec]]
@@ -90,11 +91,84 @@ def low(category: str, why: str, kernels: int = 1) -> Rule:
     return rule
 
 
+def sequence(categories: list[str], why: str) -> Rule:
+    """A fixed series of library kernels (cub sorts, scans): the first carries the op's traffic."""
+    def rule(op, ctx):
+        if _empty(op):
+            return []
+        return _series(op, categories, why)
+    return rule
+
+
+def _series(op: OpRecord, categories: list[str], why: str) -> list[KernelSpec]:
+    first = _kernel(op, categories[0], confidence="low", reason=why)
+    rest = [_kernel(op, c, f"{op.short} ({c})", reads=[], writes=[], confidence="low", reason=why)
+            for c in categories[1:]]
+    return [first] + rest
+
+
+def _last_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def global_reduce(outputs: int, per_output: int, inner: bool, vec: int, ctx: Context) -> bool:
+    """Does ATen's reduce_kernel split each output over several blocks (ctas_per_output > 1)?
+
+    Mirrors setReduceConfig in ATen's Reduce.cuh: a 512-thread block, x along the reduced dim
+    when it is the innermost one, y split over the reduction only if each thread still sums 16
+    values; then, if too few blocks fill the GPU, the reduction is cut across blocks. Such a
+    reduction zero-initializes its semaphores with a memset.
+    """
+    max_threads = 512
+    dim0, dim1 = (per_output // vec, outputs) if inner else (outputs // vec, per_output)
+    d0 = max_threads if dim0 >= max_threads else _last_pow2(dim0)
+    d1 = max_threads if dim1 >= max_threads else _last_pow2(dim1)
+    width = min(d0, 32)
+    height = min(d1, max_threads // width)
+    width = min(d0, max_threads // height)
+    step_in, step_out = (width, 1) if inner else (1, width)
+    values = -(-(per_output // (vec if inner else 1)) // step_in)
+    split_y = values >= height * 16 or values >= 256
+    if split_y:
+        step_in *= height
+    else:
+        step_out *= height
+    values = -(-(per_output // (vec if inner else 1)) // step_in)
+    grid_x = -(-(outputs // (1 if inner else vec)) // step_out)
+    target_grid = ctx.sms * (2048 // (width * height))
+    if not (split_y and values >= 256 and grid_x < target_grid):
+        return False
+    ctas = max(min(-(-target_grid // grid_x), -(-values // 16)), -(-values // 256))
+    return ctas > 1
+
+
+def _reduce_geometry(op: OpRecord) -> tuple[int, int, bool]:
+    """(outputs, values reduced per output, whether the reduced dims are the innermost)."""
+    src = op.inputs[0]
+    outputs = max((t.numel for t in op.outputs), default=1) or 1
+    per_output = max(src.numel // outputs, 1)
+    dims = op.args.get("dim")
+    if dims is None or dims == [] or outputs == 1:
+        return outputs, per_output, True
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    rank = len(src.shape)
+    dims = sorted(d % rank for d in dims)
+    return outputs, per_output, dims == list(range(rank - len(dims), rank))
+
+
 def reduction(op, ctx):
+    """ATen's reduce_kernel: one kernel, plus a memset when the reduction spans several blocks."""
     if _empty(op):
         return []
     src = op.inputs[0] if op.inputs else None
-    return [_kernel(op, "reduction", flops=src.numel if src else 0)]
+    kernel = _kernel(op, "reduction", flops=src.numel if src else 0)
+    if src is None or not op.outputs:
+        return [kernel]
+    outputs, per_output, inner = _reduce_geometry(op)
+    vec = 4 if src.is_contiguous else 1
+    if global_reduce(outputs, per_output, inner, vec, ctx):
+        return [_kernel(op, "memset", "memset (reduction semaphores)", reads=[], writes=[]), kernel]
+    return [kernel]
 
 
 def fill(op, ctx):
@@ -190,7 +264,10 @@ def sdpa(op, ctx):
     q, k = op.args["query"], op.args["key"]
     backend = _sdpa_backend(q, ctx)
     flops = _sdpa_flops(q, k, bool(op.args.get("is_causal", False)))
-    return [_kernel(op, "attention", f"attention forward ({backend})", flops=flops)]
+    kernel = _kernel(op, "attention", f"attention forward ({backend})", flops=flops)
+    if backend == "cudnn":  # cuDNN's frontend zero-fills a small workspace first
+        return [_kernel(op, "memset", "memset (cuDNN workspace)", reads=[], writes=[]), kernel]
+    return [kernel]
 
 
 def sdpa_backward(op, ctx):
@@ -198,6 +275,14 @@ def sdpa_backward(op, ctx):
     backend = _sdpa_backend(q, ctx)
     return [_kernel(op, "attention", f"attention backward ({backend})", confidence="low",
                     reason=f"{backend} backward may add preprocessing kernels and memsets")]
+
+
+def batch_norm(op, ctx):
+    """Eval: one elementwise kernel with the running statistics. Train: statistics, then normalize."""
+    if not op.args.get("training", True):
+        return [_kernel(op, "pointwise", "batch_norm (eval)")]
+    return [_kernel(op, "reduction", "batch_norm (train, cuDNN single read)", confidence="low",
+                    reason="cuDNN picks single-read or two-pass statistics by size")]
 
 
 def nll_loss_backward(op, ctx):
@@ -218,8 +303,118 @@ def item(op, ctx):
 
 
 def nonzero(op, ctx):
-    return [_kernel(op, "scan", "nonzero (cub select)", confidence="low",
-                    reason="nonzero runs several cub kernels and syncs the host for the count")]
+    """cub: count (two reduction kernels), copy the count to the host (a sync), then select."""
+    return _series(op, ["reduction", "reduction", "memcpy", "index", "index"],
+                   "nonzero counts on the device and syncs the host for the output size")
+
+
+def has_bool_index(op: OpRecord) -> bool:
+    indices = op.args.get("indices") or []
+    return any(isinstance(t, TensorInfo) and t.dtype == "bool" for t in indices)
+
+
+def index(op, ctx):
+    """Advanced indexing; a boolean mask is first turned into positions by nonzero."""
+    if _empty(op):
+        return []
+    gather = _kernel(op, "index", "index (gather)")
+    if has_bool_index(op):
+        return nonzero(op, ctx) + [gather]
+    return [gather]
+
+
+def masked_out_of_place(op, ctx):
+    """Out-of-place masked_fill/index_put: clone (a memcpy), then the in-place kernel."""
+    if _empty(op):
+        return []
+    src, out = op.inputs[0], op.outputs[0]
+    return _memcpy_or_copy(op, src, out) + [_kernel(op, "pointwise", f"{op.short}_")]
+
+
+def cumsum(op, ctx):
+    """A scan over a whole 1-D tensor goes to cub (init + scan); along a dim, one ATen scan kernel."""
+    if _empty(op):
+        return []
+    src = op.inputs[0]
+    dim = op.args.get("dim", 0)
+    if len(src.shape) <= 1 or src.numel == src.shape[dim]:
+        return [_kernel(op, "scan", "cub scan init", reads=[], writes=[]), _kernel(op, "scan", "cub scan")]
+    return [_kernel(op, "scan")]
+
+
+def sort(op, ctx):
+    """Rows up to 4096: copy keys (memcpy), arange indices (fill + copy), then one in-place sort."""
+    if _empty(op):
+        return []
+    src = op.inputs[0]
+    dim = op.args.get("dim", -1)
+    if src.shape and src.shape[dim] <= 4096 and src.is_contiguous:
+        return _series(op, ["memcpy", "fill", "copy", "memcpy", "sort"], "small-row sort path (sortKeyValueInplace)")
+    return low("sort", "long rows: cub segmented radix sort, several passes")(op, ctx)
+
+
+def _multiblock_topk(slices: int, size: int) -> bool:
+    """ATen's choice between single-block and multi-block radix select (TensorTopK.cu)."""
+    return ((slices <= 20 and size >= 20000) or (20 < slices <= 40 and size >= 10000)
+            or (40 < slices <= 80 and size >= 8000) or (80 < slices < 200 and size >= 5000)
+            or (200 <= slices < 800 and size >= 3000) or (800 <= slices <= 4000 and size >= 800)
+            or (slices > 4000 and size >= 400))
+
+
+def topk(op, ctx):
+    """Radix select over the key bits (8 per pass), gather, then a bitonic sort if sorted=True."""
+    if _empty(op):
+        return []
+    src = op.inputs[0]
+    dim = op.args.get("dim", -1)
+    size = src.shape[dim] if src.shape else 1
+    slices = src.numel // max(size, 1)
+    k = op.args.get("k", 1)
+    tail = ["sort"] if op.args.get("sorted", True) and k > 1 else []
+    if not _multiblock_topk(slices, size):
+        return _series(op, ["sort"] + tail, "single-block radix select")
+    passes = src.itemsize  # one 8-bit digit per byte of the key
+    body = ["sort", "sort", "sort"] * passes + ["sort", "scan", "scan", "scan", "scan", "sort"]
+    return _series(op, ["fill", "memset", "memset"] + body + tail, "multi-block radix select (mbtopk)")
+
+
+def embedding_backward(op, ctx):
+    """Sort the indices (cub radix sort, one pass per index byte), find segments, then sum rows."""
+    if _empty(op):
+        return []
+    indices = op.args.get("indices")
+    passes = indices.itemsize if isinstance(indices, TensorInfo) else 8
+    sort_passes = ["memset", "sort"] * passes
+    cats = ["fill", "memset", "memset", "sort", "sort"] + sort_passes + [
+        "fill", "index", "index", "index", "scan", "scan", "index", "index", "index", "index"]
+    return _series(op, cats, "cub radix sort of the indices, segment scan, then per-segment sums")
+
+
+def convolution(op, ctx):
+    """cuDNN on NCHW float32: input and weight transposed to NHWC, then the conv kernel."""
+    if _empty(op):
+        return []
+    x = op.args.get("input")
+    nchw = isinstance(x, TensorInfo) and len(x.shape) == 4 and x.is_contiguous
+    cats = ["copy", "copy", "conv"] if nchw and x.dtype == "float32" else ["conv"]
+    return _series(op, cats, "cuDNN picks the algorithm and layout transposes at run time")
+
+
+def mse_loss(op, ctx):
+    """Squared differences elementwise, then a mean/sum reduction (reduction=1|2)."""
+    if _empty(op):
+        return []
+    squared = _kernel(op, "pointwise", "mse (x - y)^2")
+    if op.args.get("reduction", 1) == 0:
+        return [squared]
+    n = op.inputs[0].numel
+    memset = [_kernel(op, "memset", "memset (reduction semaphores)", reads=[], writes=[])] if global_reduce(
+        1, n, True, 4, ctx) else []
+    return [squared] + memset + [_kernel(op, "reduction", "mean", reads=[], writes=[])]
+
+
+def mse_loss_backward(op, ctx):
+    return [_kernel(op, "fill", "zero grad_input", reads=[], writes=[]), _kernel(op, "pointwise", "mse backward")]
 
 
 RULES: dict[str, Rule] = {
@@ -234,7 +429,7 @@ RULES: dict[str, Rule] = {
     "aten.zeros": fill, "aten.ones": fill, "aten.full": fill, "aten.zeros_like": fill, "aten.ones_like": fill,
     "aten.full_like": fill, "aten.new_zeros": fill, "aten.new_ones": fill, "aten.new_full": fill,
     "aten.fill_": fill, "aten.zero_": fill, "aten.scalar_tensor": fill,
-    "aten.arange": one("pointwise", "arange"), "aten.linspace": one("pointwise", "linspace"),
+    "aten.arange": one("fill", "arange"), "aten.linspace": one("fill", "linspace"),
     # random numbers
     "aten.randn": random, "aten.rand": random, "aten.randint": random, "aten.normal_": random,
     "aten.uniform_": random, "aten.bernoulli_": random, "aten.random_": random, "aten.bernoulli": random,
@@ -258,32 +453,32 @@ RULES: dict[str, Rule] = {
     "aten.native_layer_norm": one("reduction", "layer_norm"),
     "aten.native_layer_norm_backward": low("reduction", "layer_norm backward: input grad plus weight/bias grads", 2),
     "aten._native_batch_norm_legit_no_training": one("pointwise", "batch_norm (eval)"),
-    "aten._native_batch_norm_legit": low("reduction", "batch_norm (train): statistics then normalize", 2),
-    "aten._native_batch_norm_legit_functional": low("reduction", "batch_norm (train): statistics then normalize", 2),
-    "aten.native_batch_norm": low("reduction", "batch_norm (train): statistics then normalize", 2),
+    "aten._native_batch_norm_legit": batch_norm, "aten._native_batch_norm_legit_functional": batch_norm,
+    "aten.native_batch_norm": batch_norm,
     "aten.native_batch_norm_backward": low("reduction", "batch_norm backward", 2),
     "aten.native_group_norm": low("reduction", "group_norm: statistics then normalize", 2),
     # scans and sorts
-    "aten.cumsum": one("scan", "cumsum"), "aten.cumprod": one("scan", "cumprod"),
+    "aten.cumsum": cumsum, "aten.cumprod": cumsum,
     "aten.logcumsumexp": one("scan", "logcumsumexp"),
-    "aten.sort": low("sort", "sort: one segmented sort for short rows, radix sort passes for long ones"),
-    "aten.topk": low("sort", "topk: radix select, plus a sort when sorted=True"),
+    "aten.sort": sort, "aten.topk": topk,
     "aten.nonzero": nonzero,
     # indexing
-    "aten.index": one("index", "index (gather)"), "aten.index_select": one("index", "index_select"),
+    "aten.index": index, "aten.index_select": one("index", "index_select"),
     "aten.gather": one("index", "gather"), "aten.scatter": one("index", "scatter"),
     "aten.scatter_": one("index", "scatter_"), "aten.scatter_add": one("index", "scatter_add"),
     "aten.scatter_add_": one("index", "scatter_add_"), "aten.scatter_reduce": one("index", "scatter_reduce"),
     "aten.index_put_": one("index", "index_put_"), "aten._index_put_impl_": one("index", "index_put_"),
     "aten.index_add_": one("index", "index_add_"), "aten.index_add": one("index", "index_add"),
     "aten.embedding": one("index", "embedding (index_select)"),
-    "aten.embedding_dense_backward": low("index", "embedding backward sorts the indices (cub) before accumulating", 4),
+    "aten.embedding_dense_backward": embedding_backward,
+    "aten.masked_fill": masked_out_of_place, "aten.index_put": masked_out_of_place,
+    "aten.mse_loss": mse_loss, "aten.mse_loss_backward": mse_loss_backward,
     "aten.masked_select": low("index", "masked_select: nonzero scan, host sync, then gather", 3),
     "aten.cat": one("copy", "cat"), "aten.stack": one("copy", "stack"),
     # matmul, convolution, attention
     "aten.mm": matmul, "aten.bmm": matmul, "aten.mv": matmul, "aten.dot": matmul,
     "aten.addmm": addmm, "aten.baddbmm": matmul, "aten.addmv": matmul, "aten._addmm_activation": matmul,
-    "aten.convolution": low("conv", "cuDNN picks the algorithm (and layout transposes) at run time"),
+    "aten.convolution": convolution,
     "aten.convolution_backward": low("conv", "cuDNN backward: data and weight gradients, maybe a bias reduce", 2),
     "aten.scaled_dot_product_attention": sdpa,
     "aten._scaled_dot_product_flash_attention_for_cpu": sdpa,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .capture import OpRecord, OpTrace, TensorInfo
-from .eager_rules import RULES, Context, KernelSpec, _has_tag, lower_eager, nothing
+from .eager_rules import RULES, Context, KernelSpec, has_bool_index, lower_eager, nothing
 
 EXTERN = {
     "aten.mm", "aten.bmm", "aten.addmm", "aten.baddbmm", "aten.mv", "aten.dot", "aten.addmv",
@@ -52,14 +52,14 @@ SPLIT_REDUCTION_MAX_OUT = 64
 
 def classify(op: OpRecord) -> str:
     p = op.packet
-    if p in EXTERN:
+    if p in EXTERN or (p == "aten.index" and has_bool_index(op)):  # data-dependent: a graph break
         return "extern"
     if p in SCATTER:
         return "scatter"
     if p in SCAN:
         return "scan"
     if p in REDUCTION or p in TWO_AXIS:
-        return "reduction"
+        return "pointwise" if op.args.get("training", True) is False else "reduction"
     if op.is_view or RULES.get(p) is nothing:
         return "none"
     return "pointwise"
