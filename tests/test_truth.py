@@ -18,7 +18,14 @@ TRUTH = json.loads(TRUTH_PATH.read_text()) if TRUTH_PATH.exists() else {"program
 
 # Where the prediction is known to differ from the GPU, and why. Each is an xfail(strict=True):
 # a fix that makes it match turns the test red until the entry is removed.
-KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {}
+KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {
+    ("mlp_backward", "eager"): (
+        "cuBLAS's float32 heuristics split K for one weight-gradient GEMM ((1024x512)@(512x4096)) and add a "
+        "reduction kernel; kernelab predicts one kernel per GEMM"),
+    ("mlp_backward", "inductor"): (
+        "the same cuBLAS split-K choices, plus AOTAutograd's partitioner moving backward math into the forward "
+        "graph and unfusing the second addmm's bias into the loss kernel, which the model does not follow"),
+}
 
 
 def _recorded(kernels: list[dict]) -> tuple[int, int, list[str]]:
