@@ -158,16 +158,22 @@ def attribute(measured: list, specs: list[KernelSpec], mode: str) -> list[tuple[
         right = [s.category for s in specs]
     pairs: list = [(k, None) for k in measured]
     matcher = difflib.SequenceMatcher(None, left, right, autojunk=False)
-    for block in matcher.get_matching_blocks():
-        for j in range(block.size):
-            pairs[block.a + j] = (measured[block.a + j], specs[block.b + j])
+    for tag, a0, a1, b0, b1 in matcher.get_opcodes():
+        # equal runs pair up; so do same-length runs that differ only in naming (an op reported
+        # by its inner op, e.g. embedding's kernel launched from aten::gather)
+        if tag == "equal" or (tag == "replace" and a1 - a0 == b1 - b0):
+            for j in range(a1 - a0):
+                pairs[a0 + j] = (measured[a0 + j], specs[b0 + j])
     return pairs
 
 
 def _measured_kernel(dk, spec: KernelSpec | None, ceilings: hardware.Ceilings) -> Kernel:
+    from .measure import ops_from_inductor_name
+
     category = dk.category if dk.kind == "kernel" else dk.kind
     if spec is None:
-        k = Kernel(dk.name, category, [(dk.op or "?").split("::")[-1]], confidence="low",
+        ops = [dk.op.split("::")[-1]] if dk.op else ops_from_inductor_name(dk.name) or ["?"]
+        k = Kernel(dk.name, category, ops, confidence="low",
                    reason="not paired with a predicted kernel: bytes not attributed")
     else:
         k = _to_kernel(spec)
