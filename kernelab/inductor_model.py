@@ -285,8 +285,8 @@ class _Builder:
         for op in trace.ops:
             if self.kinds[op.index] == "pointwise" and _is_backward_seed(op, self.values, self.ops):
                 self.kinds[op.index] = "seed"
-        final = {(t.storage, self.values.version.get(t.storage, 0)) for t in trace.outputs}
-        self.realized = _realized(self.values, self.kinds, final)
+        self.final = {(t.storage, self.values.version.get(t.storage, 0)) for t in trace.outputs}
+        self.realized = _realized(self.values, self.kinds, self.final)
         self.synthetic = 0
 
     def new_key(self, like: TensorInfo, numel: int) -> Key:
@@ -467,7 +467,9 @@ class _Scheduler:
         return None
 
 
-def _group_kernel(group: Group, info: dict) -> KernelSpec:
+def _group_kernel(group: Group, info: dict, needed: set) -> KernelSpec:
+    """One Triton kernel: reads what comes from outside the group, writes what is needed outside
+    it (values consumed only inside the kernel, like softmax's row max, stay in registers)."""
     names = []
     for node in group.nodes:
         for name in node.names:
@@ -475,7 +477,7 @@ def _group_kernel(group: Group, info: dict) -> KernelSpec:
                 names.append(name)
     written = {k for n in group.nodes for k in n.writes}
     reads = [info[k] for n in group.nodes for k in n.reads if k not in written and k in info]
-    writes = [info[k] for k in written if k in info and k[0] >= 0]
+    writes = [info[k] for k in written if k in info and k[0] >= 0 and k in needed]
     category = group.nodes[0].category or group.kind
     prefix = {"reduction": "red", "scan": "scan"}.get(category, "poi")
     return KernelSpec(f"triton_{prefix}_fused_{'_'.join(names)}", category, names, reads, writes,
@@ -497,15 +499,26 @@ def predict_inductor(trace: OpTrace, ctx: Context | None = None) -> list[KernelS
         scheduler.place(node)
     ordered = [e for e in scheduler.entries if not (isinstance(e, Group) and _mutation_only(e, trace))]
     late = [e for e in scheduler.entries if isinstance(e, Group) and _mutation_only(e, trace)]
+    needed = _needed_outside(scheduler.entries, builder.final)
     specs: list[KernelSpec] = []
     for entry in _phase_order(ordered, late):
         if isinstance(entry, Group):
-            specs.append(_group_kernel(entry, builder.values.info))
+            specs.append(_group_kernel(entry, builder.values.info, needed))
         else:
             for spec in entry.specs:
                 spec.reads = spec.reads or [builder.values.info[k] for k in entry.reads if k in builder.values.info]
             specs.extend(entry.specs)
     return specs
+
+
+def _needed_outside(entries: list, final: set) -> set:
+    """Values some other kernel reads, or the function returns."""
+    needed = set(final)
+    for entry in entries:
+        nodes = entry.nodes if isinstance(entry, Group) else [entry]
+        inside = {k for n in nodes for k in n.writes}
+        needed |= {k for n in nodes for k in n.reads if k not in inside}
+    return needed
 
 
 def _phase_order(ordered: list, late: list) -> list:

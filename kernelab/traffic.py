@@ -70,9 +70,19 @@ def largest_array_bytes(trace: OpTrace, kernels: list[KernelSpec]) -> int:
     return max(candidates)
 
 
+def implicit_inputs(kernels: list[KernelSpec]) -> set[int]:
+    """Storages read before any kernel wrote them: inputs the function did not receive as
+    arguments (tensors captured by a closure, a module's parameters used through a global)."""
+    written, read_first = set(), set()
+    for spec in kernels:
+        read_first |= {t.storage for t in spec.reads if t.storage not in written}
+        written |= {t.storage for t in spec.writes}
+    return read_first
+
+
 def ideal_bytes(trace: OpTrace, kernels: list[KernelSpec]) -> int:
     """Fully fused traffic: each input the kernels read, read once; each output written once."""
-    input_storages = {t.storage for t in trace.inputs}
+    input_storages = {t.storage for t in trace.inputs} | implicit_inputs(kernels)
     read = {}
     for spec in kernels:
         for t in spec.reads:
