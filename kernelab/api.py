@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import difflib
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +11,7 @@ import torch
 from . import hardware
 from .capture import OpTrace, capture
 from .eager_rules import MEMOPS, Context, KernelSpec, lower_eager
-from .report import Kernel, Report
+from .report import Kernel, Report, debug_level
 from .traffic import ideal_bytes, kernel_bytes, largest_array_bytes, round_trips
 
 MODES = ("eager", "inductor", "kernelab")
@@ -71,14 +70,6 @@ def count(target, *args, mode: str = "eager", predict: bool | None = None, profi
         report = _measure(target, args, kwargs, mode, name)
     report.debug(debug_level(), sys.stderr)
     return report
-
-
-def debug_level() -> int:
-    """KERNELAB_DEBUG=1..3: summary / a line per kernel / fusion decisions (the one debug switch)."""
-    try:
-        return int(os.environ.get("KERNELAB_DEBUG", "0"))
-    except ValueError:
-        return 0
 
 
 def _profile(name: str | None) -> hardware.DeviceProfile:

@@ -21,9 +21,11 @@ Measured Inductor kernels replace this on a GPU; the model is tested against the
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 
 from .capture import OpRecord, OpTrace, TensorInfo
+from .report import debug_level
 from .eager_rules import (
     RULES, Context, KernelSpec, _reduce_geometry, has_bool_index, lower_eager, nothing,
 )
@@ -436,8 +438,11 @@ class _Scheduler:
             self.deps[eid] = self.depends(producers)
             self.entries.append(node)
             self.own(node, eid)
+            self.log(f"{node.op.short}: library call, not fused ({', '.join(s.name for s in node.specs)})")
             return
         group = self.target(node, producers)
+        self.log(f"{'+'.join(node.names)} ({node.kind} {node.numel}x{node.rnumel}): "
+                 + (f"joins group {group.gid}" if group else "new kernel: " + self.why_alone(node)))
         if group is None:
             group = Group(self.new_id(), node.kind, node.numel, node.rnumel, node.op.backward, alone=node.alone)
             self.groups.append(group)
@@ -448,6 +453,15 @@ class _Scheduler:
             group.kind, group.numel, group.rnumel = "reduction", node.numel, node.rnumel
         self.deps[group.gid] |= self.depends(producers - {group.gid})
         self.own(node, group.gid)
+
+    def log(self, line: str) -> None:
+        if debug_level() >= 3:
+            print(f"[kernelab] fusion: {line}", file=sys.stderr)
+
+    def why_alone(self, node: Node) -> str:
+        if node.alone:
+            return "writes through indices or scans: Inductor gives it its own kernel"
+        return "no earlier kernel of this pass shares its memory with the same iteration space"
 
     def own(self, node: Node, gid: int) -> None:
         for key in node.writes:

@@ -14,9 +14,18 @@ always counted from the op trace (compulsory traffic), never read from hardware 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 SCHEMA_VERSION = 1
+
+
+def debug_level() -> int:
+    """KERNELAB_DEBUG=1..3: summary / a line per kernel / fusion decisions (the one debug switch)."""
+    try:
+        return int(os.environ.get("KERNELAB_DEBUG", "0"))
+    except ValueError:
+        return 0
 
 
 @dataclass
