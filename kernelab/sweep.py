@@ -123,14 +123,14 @@ class SweepResult:
             pts = [(p.size, p.time_us) for p in self.points if p.mode == mode and p.time_us]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=mode)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
         for mode in self.modes:
             size = self.crossover(mode) if mode != "eager" else None
             if size:
                 ax.axvline(size, linestyle=":", color="gray")
-                ax.annotate(f"{mode} pays from {size:.0e}", (size, ax.get_ylim()[0]), rotation=90,
-                            va="bottom", ha="right", fontsize=8, color="gray")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+                ax.text(size, 0.5, f" {mode} pays from n = {size:.0e}", rotation=90, va="center", ha="right",
+                        fontsize=8, color="gray", transform=ax.get_xaxis_transform())
         ax.set_xlabel("n (elements)")
         ax.set_ylabel("time per call (µs)")
         ax.set_title(f"{self.target}: {'measured' if self.measured else 'predicted'} on {self.device}")
