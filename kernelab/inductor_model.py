@@ -237,39 +237,35 @@ def _divisor_near(n: int, target: int) -> int:
     return best
 
 
+def _split_size(rnumel: int, numel: int, target: int, tolerance: int, sms: int) -> int:
+    """Values each thread reduces in a split: 32 for a small reduction, a divisor of ``rnumel``
+    near ``target`` when one is close (even splits), 512 (or a divisor near it) for a huge one."""
+    elements = rnumel * numel
+    if elements < MIN_ELEMENTS_PER_THREAD * sms * THREADS_PER_SM:
+        return MIN_ELEMENTS_PER_THREAD
+    if elements < MAX_ELEMENTS_PER_THREAD * sms * THREADS_PER_SM:
+        closest = _divisor_near(rnumel, target)
+        return max(closest, MIN_ELEMENTS_PER_THREAD) if abs(closest - target) < tolerance else target
+    closest = _divisor_near(rnumel, MAX_ELEMENTS_PER_THREAD)
+    return closest if abs(closest - MAX_ELEMENTS_PER_THREAD) < 50 else MAX_ELEMENTS_PER_THREAD
+
+
 def num_splits(numel: int, rnumel: int, inner: bool, sms: int) -> int:
-    """Inductor's split-reduction count (1 = no split) for ``numel`` outputs of ``rnumel`` values."""
-    min_device = MIN_ELEMENTS_PER_THREAD * sms * THREADS_PER_SM
-    max_device = MAX_ELEMENTS_PER_THREAD * sms * THREADS_PER_SM
+    """Inductor's split-reduction count (1 = no split) for ``numel`` outputs of ``rnumel`` values:
+    a reduction with too few outputs to fill the GPU is cut into partial sums plus a final pass."""
     threads = 32 * 8
     if numel != 1 and (rnumel <= MIN_ELEMENTS_PER_THREAD or numel >= sms * 2 * 32):
         return 1
     if inner or numel == 1:
         if numel >= 2 * sms or rnumel <= 8192:
             return 1
-        if rnumel * numel <= min_device:
-            split_size = MIN_ELEMENTS_PER_THREAD
-        elif rnumel * numel < max_device:
-            blocks_per_output = -(-(sms * THREADS_PER_SM // (2 * threads)) // numel)
-            tmp = -(-rnumel // (threads * blocks_per_output))
-            closest = _divisor_near(rnumel, tmp)
-            split_size = max(closest, MIN_ELEMENTS_PER_THREAD) if abs(closest - tmp) < 30 else tmp
-        else:
-            closest = _divisor_near(rnumel, MAX_ELEMENTS_PER_THREAD)
-            split_size = closest if abs(closest - MAX_ELEMENTS_PER_THREAD) < 50 else MAX_ELEMENTS_PER_THREAD
-        return -(-rnumel // (split_size * threads))
-    rvals, xblocks = 4, -(-numel // 128)
-    if rnumel * numel < min_device:
-        split_size = MIN_ELEMENTS_PER_THREAD
-    elif rnumel * numel < max_device:
-        target = -(-(sms * THREADS_PER_SM // threads) // xblocks)
-        tmp = -(-rnumel // (rvals * target))
-        closest = _divisor_near(rnumel, tmp)
-        split_size = max(closest, MIN_ELEMENTS_PER_THREAD) if abs(tmp - closest) < 20 else tmp
-    else:
-        closest = _divisor_near(rnumel, MAX_ELEMENTS_PER_THREAD)
-        split_size = closest if abs(closest - MAX_ELEMENTS_PER_THREAD) < 50 else MAX_ELEMENTS_PER_THREAD
-    return -(-rnumel // (rvals * split_size))
+        blocks_per_output = -(-(sms * THREADS_PER_SM // (2 * threads)) // numel)
+        size = _split_size(rnumel, numel, -(-rnumel // (threads * blocks_per_output)), 30, sms)
+        return -(-rnumel // (size * threads))
+    values_per_thread = 4
+    target_blocks = -(-(sms * THREADS_PER_SM // threads) // -(-numel // 128))
+    size = _split_size(rnumel, numel, -(-rnumel // (values_per_thread * target_blocks)), 20, sms)
+    return -(-rnumel // (values_per_thread * size))
 
 
 class _Builder:
