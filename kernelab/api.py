@@ -179,6 +179,20 @@ def _measured_kernel(dk, spec: KernelSpec | None, ceilings: hardware.Ceilings) -
     return k
 
 
+def _cold_cache_reset(prepared):
+    """Before every profiled call: clear .grad, and evict the L2 cache by writing a buffer twice
+    its size, so per-kernel times are HBM times (not a warm cache). The eviction kernel is
+    launched outside the profiled call and is not counted."""
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 64 << 20)
+    scratch = torch.empty(max(2 * l2, 256 << 20), dtype=torch.int8, device="cuda")
+
+    def reset():
+        prepared.reset_grads()
+        scratch.zero_()
+
+    return reset
+
+
 def time_call(fn, reset) -> float:
     """Median wall time of one call in microseconds (CUDA events, after warm-up)."""
     import triton.testing
@@ -202,7 +216,7 @@ def _measure(target, args, kwargs, mode, name) -> Report:
     specs = lower(trace, mode, ctx)
     prepared = prepare_on_device(target, tuple(args), "cuda")
     fn = _compiled(prepared.fn, mode)
-    measured = measure_kernels(fn, prepared.args, reset=prepared.reset_grads)
+    measured = measure_kernels(fn, prepared.args, reset=_cold_cache_reset(prepared))
     ceilings = hardware.cached_or_copy_only()
     kernels = [_measured_kernel(dk, spec, ceilings) for dk, spec in attribute(measured, specs, mode)]
     wall = time_call(lambda: fn(*prepared.args), prepared.reset_grads)

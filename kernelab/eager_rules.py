@@ -7,6 +7,7 @@ reason saying so. The rules were checked against kernels recorded on an H200 (te
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -33,6 +34,7 @@ class KernelSpec:
     flops: float = 0.0
     confidence: str = "high"
     reason: str = ""
+    share: int = 1  # the op's work is split over this many launches; this kernel does one share
 
     @property
     def kind(self) -> str:
@@ -514,16 +516,46 @@ def _has_tag(op: OpRecord, tag) -> bool:
         return False
 
 
+# TensorIterator indexes with 32-bit offsets: an operand spanning more bytes than this is cut in
+# halves (recursively) and each piece is its own launch.
+INT32_MAX = 2**31 - 1
+TENSOR_ITERATOR = ("pointwise", "fill", "copy")
+
+
+def _span_bytes(t: TensorInfo) -> int:
+    """1 + the largest byte offset a tensor reaches from its first element."""
+    return (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride) if size > 0)) * t.itemsize
+
+
+def int32_pieces(spec: KernelSpec) -> int:
+    """How many launches TensorIterator needs for 32-bit indexing (a power of two)."""
+    span = max((_span_bytes(t) for t in spec.reads + spec.writes), default=0)
+    pieces = 1
+    while span > INT32_MAX:
+        span = (span + 1) // 2
+        pieces *= 2
+    return pieces
+
+
+def _split_for_int32(spec: KernelSpec) -> list[KernelSpec]:
+    if spec.category not in TENSOR_ITERATOR:
+        return [spec]
+    pieces = int32_pieces(spec)
+    if pieces == 1:
+        return [spec]
+    why = f"tensors span over 2^31 bytes: TensorIterator launches {pieces} pieces with 32-bit indexing"
+    return [dataclasses.replace(spec, share=pieces, reason=why, flops=spec.flops / pieces) for _ in range(pieces)]
+
+
 def lower_eager(trace: OpTrace, ctx: Context | None = None) -> list[KernelSpec]:
     """The kernels eager PyTorch launches for the trace, in launch order."""
     ctx = ctx or Context()
     kernels: list[KernelSpec] = []
     for op in trace.ops:
         rule, why = rule_for(op)
-        specs = rule(op, ctx)
-        for spec in specs:
+        for spec in rule(op, ctx):
             if why:
                 spec.reason = why
             spec.ops = [op.short]
-        kernels.extend(specs)
+            kernels.extend(_split_for_int32(spec))
     return kernels

@@ -22,8 +22,8 @@ def unique_bytes(tensors: list[TensorInfo]) -> int:
 
 
 def kernel_bytes(spec: KernelSpec) -> tuple[int, int]:
-    """(bytes read, bytes written) of one kernel: its compulsory traffic."""
-    return unique_bytes(spec.reads), unique_bytes(spec.writes)
+    """(bytes read, bytes written) of one kernel: its compulsory traffic (its share of the op's)."""
+    return unique_bytes(spec.reads) // spec.share, unique_bytes(spec.writes) // spec.share
 
 
 @dataclass

@@ -61,3 +61,14 @@ def test_predicted_time_follows_the_profile():
     # bandwidth-bound: 5 arrays of 40 MB over each profile's copy bandwidth
     assert abs(t_h200 - 200e6 / h200.copy_bandwidth * 1e6) < 1e-6
     assert abs(t_a100 / t_h200 - h200.copy_bandwidth / a100.copy_bandwidth) < 1e-9
+
+
+def test_over_2_31_bytes_eager_launches_each_op_in_two_pieces():
+    # 1e9 float32 = 4 GB: TensorIterator's 32-bit indexing halves each op (measured on the H200)
+    with torch.device("meta"):
+        a, b = torch.empty(10**9), torch.empty(10**9)
+    r = kernelab.count(add_relu, a, b, predict=True)
+    assert r.num_kernels == 4 and r.transfers == 5.0
+    assert [k.bytes for k in r.kernels] == [6 * 10**9, 6 * 10**9, 4 * 10**9, 4 * 10**9]
+    fused = kernelab.count(add_relu, a, b, mode="inductor", predict=True)
+    assert fused.num_kernels == 1 and fused.transfers == 3.0
