@@ -15,6 +15,7 @@ always counted from the op trace (compulsory traffic), never read from hardware 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 SCHEMA_VERSION = 1
@@ -194,8 +195,8 @@ class Report:
         for column in ("#", "kernel", "category", "ops", "read", "written", "time", "GB/s", "% ceiling"):
             table.add_column(column, justify="right" if column in ("#", "read", "written", "time", "GB/s", "% ceiling") else "left")
         for i, k in enumerate(self.kernels):
-            name = k.name if k.confidence == "high" else f"{k.name} [dim](?)[/dim]"
-            table.add_row(str(i), _clip(name, 48), k.category, _clip(",".join(k.ops), 28), fmt_bytes(k.bytes_read),
+            name = short_kernel_name(k.name) + ("" if k.confidence == "high" else " [dim](?)[/dim]")
+            table.add_row(str(i), name, k.category, _clip(",".join(k.ops), 28), fmt_bytes(k.bytes_read),
                           fmt_bytes(k.bytes_written), _fmt_time(k.time_us), _fmt_num(k.gbps), _fmt_num(k.pct_of_ceiling))
         table.caption = self.summary() + f"; fused ideal {self.ideal_transfers:.3g} transfers"
         return table
@@ -213,6 +214,26 @@ class Report:
 
     def __repr__(self) -> str:
         return f"<Report {self.summary()}>"
+
+
+def short_kernel_name(name: str, limit: int = 48) -> str:
+    """A demangled CUDA kernel name made readable: no return type, arguments or namespaces, and
+    of the template arguments only the functor that says what the kernel computes."""
+    text = name[5:] if name.startswith("void ") else name
+    text = text.replace("(anonymous namespace)::", "")
+    depth, cut = 0, len(text)
+    for i, ch in enumerate(text):
+        depth += ch == "<"
+        depth -= ch == ">"
+        if ch == "(" and depth == 0 and i > 0:
+            cut = i
+            break
+    text = text[:cut]
+    base, _, args = text.partition("<")
+    base = base.split("::")[-1]
+    functor = re.search(r"(\w*(?:Functor|Op|Ops|_kernel|_impl)\w*)", args)
+    label = f"{base}<{functor.group(1)}>" if functor else base
+    return _clip((label or name).strip(), limit)
 
 
 def fmt_bytes(n: float | None) -> str:

@@ -92,3 +92,17 @@ def test_debug_switch_prints_a_line_per_kernel(monkeypatch, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("[kernelab]") and "2 kernels" in err[0]
     assert len(err) == 3 and "pointwise" in err[1] and "predicted" in err[1]
+
+
+@pytest.mark.parametrize("full, short", [
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
+     "(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)", "vectorized_elementwise_kernel<CUDAFunctor_add>"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::"
+     "(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)", "cunn_SoftMaxForward"),
+    ("triton_poi_fused_add_relu_0", "triton_poi_fused_add_relu_0"),
+    ("Memcpy DtoD (Device -> Device)", "Memcpy DtoD"),
+])
+def test_short_kernel_names_for_tables(full, short):
+    from kernelab.report import short_kernel_name
+
+    assert short_kernel_name(full) == short
