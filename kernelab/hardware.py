@@ -29,19 +29,20 @@ class DeviceProfile:
         return self.matmul_flops.get("float32", 5e13)
 
 
-# The H200's numbers: copy bandwidth and GEMM rates measured on one H200 on 2026-12-02
-# (BASELINES.md); per-op host cost from the tutorial's eager sweep (2 kernels in 6.6 us at n=1e2);
-# compiled call cost from the same sweep (0.091 ms at n=1e2).
+# The H200's numbers, measured on one H200 on 2026-12-02 by `kernelab ceilings` and `kernelab tour`
+# (benchmarks/results/ceilings.json, sweep_add_relu_h200.csv): copy bandwidth and 8192^3 GEMM
+# rates; host cost per eager op from 2 kernels in ~7 us at n <= 1e5; a torch.compile'd call's
+# floor ~20 us at small n.
 PROFILES = {
-    "h200": DeviceProfile("h200", (9, 0), 4.27e12,
-                          {"bfloat16": 7.35e14, "float16": 7.35e14, "float32": 5.0e13, "tfloat32": 3.7e14},
-                          2.5, 3.3, 85.0, "measured on an H200, 2026-12-02"),
+    "h200": DeviceProfile("h200", (9, 0), 4.26e12,
+                          {"bfloat16": 6.86e14, "float16": 6.68e14, "float32": 5.1e13, "tfloat32": 3.6e14},
+                          2.5, 3.5, 21.0, "measured on an H200, 2026-12-02"),
     "h100": DeviceProfile("h100", (9, 0), 3.35e12 * 0.89,
-                          {"bfloat16": 7.35e14, "float16": 7.35e14, "float32": 5.0e13, "tfloat32": 3.7e14},
-                          2.5, 3.3, 85.0, "H200 rates with H100 datasheet bandwidth x 0.89"),
+                          {"bfloat16": 6.86e14, "float16": 6.68e14, "float32": 5.1e13, "tfloat32": 3.6e14},
+                          2.5, 3.5, 21.0, "H200 rates with H100 datasheet bandwidth x 0.89"),
     "a100": DeviceProfile("a100", (8, 0), 2.04e12 * 0.89,
                           {"bfloat16": 2.8e14, "float16": 2.8e14, "float32": 1.8e13, "tfloat32": 1.4e14},
-                          3.0, 3.3, 85.0, "A100-80GB datasheet x 0.89 (not measured here)"),
+                          3.0, 3.5, 21.0, "A100-80GB datasheet x 0.89 (not measured here)"),
 }
 DEFAULT_PROFILE = "h200"
 

@@ -91,7 +91,7 @@ def test_sweep_draws_a_plot_and_reports_the_crossover(target_file, tmp_path, cap
                  "--json", str(tmp_path / "s.json")]) == 0
     assert plot.stat().st_size > 10_000
     out = capsys.readouterr().out
-    assert "inductor beats eager from n = 1e+08 on (predicted)" in out
+    assert "inductor beats eager from n = 1e+07 on (predicted)" in out
     rows = json.loads((tmp_path / "s.json").read_text())["rows"]
     assert len(rows) == 16 and {r["mode"] for r in rows} == {"eager", "inductor"}
     assert all(r["transfers"] == (5.0 if r["mode"] == "eager" else 3.0) for r in rows)
