@@ -1,0 +1,166 @@
+#!/usr/bin/env python
+"""Every kernelab.ops benchmark in one go, on a CUDA GPU: checks first, then timings.
+
+    python benchmarks/bench_ops.py OUT_DIR [--budget-s 370] [--workers 6] [--ops softmax ...]
+
+1. the copy ceiling: a 4 GiB device-to-device copy, bytes read + written (before anything else
+   runs on the GPU);
+2. compile ahead: worker processes run every provider of the grid once, untimed, filling
+   Triton's and Inductor's caches, while this process runs
+3. correctness checks the grid does not cover: odd and strided shapes in bfloat16 and float32,
+   inputs past 2^31 elements (kernelab only, float64 reference, poisoned outputs);
+4. the grid (kernelab.bench.specs): every op, forward and forward+backward, kernelab / eager /
+   torch.compile / Liger, each checked against float64 then timed; cases that would start after
+   the budget are recorded as skipped.
+
+Writes under OUT_DIR: ops_bench.csv (one row per op/shape/pass/provider, GPU, versions and date in
+every row), ops_checks.csv, ops_<op>_<dtype>.png, and prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ORDER = ["softmax", "layer_norm", "rms_norm", "cross_entropy", "log_softmax", "silu_mul", "gelu_mul", "bias_gelu", "add_relu"]
+
+
+#: kernelab-only variants of launch settings (op, shape, fwd+bwd?, label, {"module.ATTR": value}),
+#: timed like the grid (same checks, same timer) and written as provider "kernelab~<label>".
+VARIANTS = [
+    ("layer_norm", (32768, 4096), True, "bwd 8 programs/SM", {"norms.BWD_PROGRAMS_PER_SM": 8}),
+    ("layer_norm", (32768, 4096), True, "bwd 16 programs/SM", {"norms.BWD_PROGRAMS_PER_SM": 16}),
+    ("layer_norm", (32768, 4096), True, "bwd unpipelined (STAGES 1)", {"_common.STAGES": 1}),
+    ("layer_norm", (131072, 1024), True, "bwd 16 programs/SM", {"norms.BWD_PROGRAMS_PER_SM": 16}),
+    ("layer_norm", (131072, 1024), True, "bwd tile 4096", {"norms.BWD_TILE": 4096}),
+    ("rms_norm", (32768, 4096), True, "bwd 16 programs/SM", {"norms.BWD_PROGRAMS_PER_SM": 16}),
+    ("cross_entropy", (8192, 32000), False, "fwd chunk 8192", {"cross_entropy.FWD_BLOCK_C": 8192}),
+    ("cross_entropy", (32768, 4096), False, "fwd unpipelined (STAGES 1)", {"_common.STAGES": 1}),
+    ("cross_entropy", (8192, 32000), True, "bwd chunk 8192", {"cross_entropy.BWD_BLOCK_C": 8192}),
+    ("cross_entropy", (8192, 32000), True, "bwd chunk 2048", {"cross_entropy.BWD_BLOCK_C": 2048}),
+    ("softmax", (4096, 131072), False, "3 looped programs/SM", {"_common.LOOPED_PER_SM": 3}),
+    ("softmax", (2048, 262144), True, "3 looped programs/SM", {"_common.LOOPED_PER_SM": 3}),
+]
+
+
+def variant_sweep(device, copy: float, deadline: float, console) -> list:
+    """Time each VARIANTS entry with the runner (kernelab only), restoring every setting after."""
+    import importlib
+
+    import torch
+
+    from kernelab.bench import runner
+
+    env = runner.environment(device)
+    rows = []
+    for op, shape, backward, label, change in VARIANTS:
+        if time.monotonic() > deadline:
+            break
+        saved = []
+        try:
+            for path, value in change.items():
+                module_name, attr = path.rsplit(".", 1)
+                module = importlib.import_module(f"kernelab.ops.{module_name}")
+                saved.append((module, attr, getattr(module, attr)))
+                setattr(module, attr, value)
+            got = runner.run_case(runner.Case(op, shape, torch.bfloat16, backward), ("kernelab",), device, env, copy)
+            for r in got:
+                r.provider = f"kernelab~{label}"
+                speed = "-" if r.tbps is None else f"{r.tbps:.2f} TB/s"
+                console.print(f"variant {op} {r.shape} {r.pass_} ({label}): {r.status}, {speed}", markup=False)
+            rows += got
+        finally:
+            for module, attr, value in reversed(saved):
+                setattr(module, attr, value)
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", type=Path)
+    p.add_argument("--budget-s", type=float, default=370.0, help="no new case starts after this many seconds")
+    p.add_argument("--workers", type=int, default=6, help="compile-ahead worker processes (0: none)")
+    p.add_argument("--ops", nargs="+", default=ORDER)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--skip-checks", action="store_true")
+    p.add_argument("--variants-s", type=float, default=0.0, help="seconds for kernelab-only launch-setting variants, run last")
+    args = p.parse_args()
+    t0 = time.monotonic()
+
+    import torch
+    from rich.console import Console
+
+    from kernelab.bench import checks, report, runner, timing
+
+    console = Console(width=160)
+    if not torch.cuda.is_available():
+        console.print("[red]no CUDA device[/red]")
+        return 2
+    device = torch.device("cuda")
+    dtype = getattr(torch, args.dtype)
+    env = runner.environment(device)
+    console.print(f"[bold]{env}[/bold]")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    copy = timing.copy_tbps(device)
+    console.print(f"copy ceiling: {copy:.3f} TB/s (4 GiB device-to-device, read + written)  [{time.monotonic() - t0:.0f}s]")
+
+    workers = []
+    for i in range(args.workers):
+        cmd = [sys.executable, "-m", "kernelab.bench.prewarm", str(i), str(args.workers), args.dtype, *args.ops]
+        wenv = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), TORCHINDUCTOR_COMPILE_THREADS="2")
+        workers.append(subprocess.Popen(cmd, cwd=ROOT, env=wenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+    if not args.skip_checks:
+        results = []
+        for name, fn in (("odd shapes", checks.odd_shapes), ("past 2^31 elements", checks.big_index)):
+            try:
+                got = fn(device)
+            except Exception as e:  # noqa: BLE001 - report, keep benchmarking
+                got = [{"check": name, "op": "-", "dtype": "-", "shape": "-", "strided": False, "rel_err": float("nan"), "ok": False, "note": f"{type(e).__name__}: {e}"[:300]}]
+            results += got
+            bad = [r for r in got if not r["ok"]]
+            console.print(f"checks, {name}: {len(got) - len(bad)}/{len(got)} ok  [{time.monotonic() - t0:.0f}s]")
+            for r in bad:
+                console.print(f"[red]  FAILED {r}[/red]")
+        with (args.out / "ops_checks.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(results[0]) + list(env))
+            w.writeheader()
+            for r in results:
+                w.writerow({**r, **env})
+        torch.cuda.empty_cache()
+
+    for proc in workers:  # compile-ahead must be over before anything is timed
+        try:
+            out, _ = proc.communicate(timeout=max(5.0, t0 + 0.55 * args.budget_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            console.print(f"[yellow]compile-ahead worker {proc.pid} stopped at its time limit[/yellow]")
+        for line in (out or "").splitlines()[-5:]:
+            console.print(f"  worker: {line}")
+    console.print(f"compile-ahead done  [{time.monotonic() - t0:.0f}s]")
+
+    cases = runner.cases(args.ops, dtype)
+    rows = runner.run(cases, device=device, copy=copy, deadline=t0 + args.budget_s, console=console)
+    report.append_csv(rows, args.out)
+    report.plot(rows, args.out)
+    if args.variants_s > 0:
+        variants = variant_sweep(device, copy, time.monotonic() + args.variants_s, console)
+        report.append_csv(variants, args.out, name="ops_variants.csv")
+    console.print(f"total {time.monotonic() - t0:.0f}s")
+    report.table(rows, console)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""Benchmark output: CSV rows appended (GPU, versions, date in every row), a table, a plot per op."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+from pathlib import Path
+
+from .runner import Row
+
+CSV_NAME = "ops_bench.csv"
+
+
+def append_csv(rows: list[Row], out_dir: str | os.PathLike, name: str = CSV_NAME) -> Path:
+    path = Path(out_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = [f.name.rstrip("_") for f in dataclasses.fields(Row)]
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(fields)
+        for r in rows:
+            w.writerow([_fmt(getattr(r, f.name)) for f in dataclasses.fields(Row)])
+    return path
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "" if v is None else v
+
+
+def _cell(r: Row | None) -> str:
+    if r is None:
+        return "-"
+    if r.tbps is None:
+        return "fails" if r.status.startswith("error") else "skip"
+    mark = "" if r.status == "ok" else " (!)"
+    return f"{r.tbps:.2f}{mark}" if r.tbps >= 0.1 else f"{r.tbps:.3f}{mark}"
+
+
+def table(rows: list[Row], console=None, title: str = "TB/s (bytes as in BASELINES.md); x = kernelab speed-up over the peer"):
+    """One line per (op, shape, pass): each provider's TB/s, kernelab's ratios and % of copy."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    t = Table(title=title, show_lines=False)
+    for col in ("op", "M x N", "pass", "kernelab", "eager", "compile", "liger", "x eager", "x compile", "x liger", "% copy"):
+        t.add_column(col, justify="right" if col not in ("op", "pass") else "left")
+    groups: dict[tuple, dict[str, Row]] = {}
+    for r in rows:
+        groups.setdefault((r.op, r.shape, r.pass_), {})[r.provider] = r
+    for (op, shape, pass_), by in groups.items():
+        k = by.get("kernelab")
+
+        def ratio(peer):
+            v = getattr(k, f"vs_{peer}", None) if k else None
+            return "-" if v is None else f"{v:.2f}"
+
+        t.add_row(op, shape, pass_, _cell(k), _cell(by.get("eager")), _cell(by.get("compile")), _cell(by.get("liger")),
+                  ratio("eager"), ratio("compile"), ratio("liger"), "-" if not k or k.pct_copy is None else f"{k.pct_copy:.0f}")
+    console.print(t)
+    bad = [r for r in rows if r.status not in ("ok",) and not r.status.startswith("skipped")]
+    for r in bad:
+        console.print(f"[yellow]{r.op} {r.shape} {r.pass_} {r.provider}: {r.status}[/yellow]")
+    return t
+
+
+def plot(rows: list[Row], out_dir: str | os.PathLike) -> list[Path]:
+    """One PNG per op: TB/s against row length, a panel per pass, the copy ceiling dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    by_op: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.provider != "all":
+            by_op.setdefault(r.op, []).append(r)
+    for op, op_rows in by_op.items():
+        passes = sorted({r.pass_ for r in op_rows}, key=lambda p: p != "fwd")
+        fig, axes = plt.subplots(1, len(passes), figsize=(6.5 * len(passes), 4.2), squeeze=False)
+        shapes = sorted({(r.m, r.n) for r in op_rows}, key=lambda s: (s[0] * s[1] < 2**20, s[1]))
+        labels = [f"{m}x{n}" for m, n in shapes]
+        for ax, pass_ in zip(axes[0], passes):
+            for provider in ("kernelab", "eager", "compile", "liger"):
+                pts = {(r.m, r.n): r.tbps for r in op_rows if r.pass_ == pass_ and r.provider == provider}
+                if not any(v is not None for v in pts.values()):
+                    continue
+                ys = [pts.get(s) for s in shapes]
+                ax.plot(range(len(shapes)), [y if y is not None else float("nan") for y in ys], marker="o", label=provider)
+            copy = op_rows[0].copy_tbps
+            if copy:
+                ax.axhline(copy, linestyle="--", color="gray", label=f"copy {copy:.2f} TB/s")
+            ax.set_xticks(range(len(shapes)), labels, rotation=35, ha="right", fontsize=8)
+            ax.set_ylabel("TB/s")
+            ax.set_title(f"{op} {pass_} ({op_rows[0].dtype}, {op_rows[0].gpu})", fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = Path(out_dir) / f"ops_{op}_{op_rows[0].dtype}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,205 @@
+"""The benchmark loop: for each (op, shape, pass), check every provider against float64, then time it.
+
+Providers: ``kernelab``, ``eager`` (PyTorch), ``compile`` (``torch.compile`` of the eager code, a
+fresh compile per shape and pass) and ``liger`` (Liger-Kernel, where it has the op). A provider
+that raises is recorded with its error; one whose output is off is recorded as wrong and still
+timed. Every row carries the GPU, versions and date.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+import zlib
+from typing import Callable, Iterable
+
+import torch
+
+from . import specs as S
+from . import timing
+
+PROVIDERS = ("kernelab", "eager", "compile", "liger")
+PASSES = {False: "fwd", True: "fwd+bwd"}
+
+
+@dataclasses.dataclass
+class Case:
+    op: str
+    shape: tuple[int, int]
+    dtype: torch.dtype
+    backward: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.op} {self.shape[0]}x{self.shape[1]} {PASSES[self.backward]}"
+
+
+@dataclasses.dataclass
+class Row:
+    date: str
+    gpu: str
+    torch: str
+    triton: str
+    liger: str
+    op: str
+    shape: str
+    m: int
+    n: int
+    dtype: str
+    pass_: str
+    provider: str
+    status: str
+    ms: float | None
+    bytes: int
+    tbps: float | None
+    pct_copy: float | None
+    copy_tbps: float
+    vs_eager: float | None = None
+    vs_compile: float | None = None
+    vs_liger: float | None = None
+    rel_err: float | None = None
+    bytes_model: str = ""
+
+
+def environment(device: torch.device) -> dict:
+    import triton
+
+    try:
+        from importlib.metadata import version
+
+        liger = version("liger-kernel")
+    except Exception:  # noqa: BLE001
+        liger = "absent"
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"date": date, "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "liger": liger}
+
+
+def cases(ops: Iterable[str], dtype: torch.dtype, backward_modes=(False, True), shapes=None) -> list[Case]:
+    all_specs = S.specs()
+    out = []
+    for op in ops:
+        for shape in shapes or all_specs[op].shapes:
+            for backward in backward_modes:
+                out.append(Case(op, tuple(shape), dtype, backward))
+    return out
+
+
+def provider_fns(spec: S.Spec, wanted: Iterable[str]) -> dict[str, Callable]:
+    """Name -> callable, the compiled one fresh (torch._dynamo.reset() first)."""
+    fns = {}
+    for name in wanted:
+        if name == "compile":
+            torch._dynamo.reset()
+            fns[name] = torch.compile(spec.providers["eager"], dynamic=False)
+        elif name in spec.providers:
+            fns[name] = spec.providers[name]
+    return fns
+
+
+def _with_grad(args, grad_of, backward: bool):
+    return tuple(a.detach().clone().requires_grad_(backward and i in grad_of) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                 for i, a in enumerate(args))
+
+
+def _step(fn, grad_of, backward: bool, grad_out):
+    """What is timed: the forward, or the forward then torch.autograd.grad."""
+    if not backward:
+        return fn
+
+    def run(*args):
+        out = fn(*args)
+        return torch.autograd.grad(out, [args[i] for i in grad_of], grad_out.to(out.dtype))
+
+    return run
+
+
+def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict, copy: float, progress=None, task=None,
+             timer=timing.time_ms) -> list[Row]:
+    """Check and time every provider of one (op, shape, pass) (``timer`` is swappable for CPU tests)."""
+    spec = S.specs()[case.op]
+    nbytes = S.bytes_moved(spec, case.shape, case.dtype, case.backward)
+    gen = torch.Generator(device).manual_seed(zlib.crc32(case.label.encode()))
+    # float64 reference on fresh inputs (the providers see the same values, rounded to dtype)
+    inputs = spec.make(case.shape, case.dtype, device, gen)
+    ref_args = _with_grad(tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in inputs.args), inputs.grad_of, case.backward)
+    ref_out = spec.reference(*ref_args)
+    grad_out = torch.randn(ref_out.shape, device=device, generator=gen, dtype=torch.float32).to(case.dtype) if ref_out.dim() else torch.ones((), device=device, dtype=case.dtype)
+    ref = [ref_out]
+    if case.backward:
+        ref += list(torch.autograd.grad(ref_out, [ref_args[i] for i in inputs.grad_of], grad_out.double()))
+    del ref_args
+    out_sizes = sorted({r.numel() * case.dtype.itemsize for r in ref if r.numel()}, reverse=True) or [4]
+    rows = []
+    for name, fn in provider_fns(spec, wanted).items():
+        step = _step(fn, inputs.grad_of, case.backward, grad_out)
+        row = Row(**env, op=case.op, shape=f"{case.shape[0]}x{case.shape[1]}", m=case.shape[0], n=case.shape[1],
+                  dtype=str(case.dtype).replace("torch.", ""), pass_=PASSES[case.backward], provider=name,
+                  status="ok", ms=None, bytes=nbytes, tbps=None, pct_copy=None, copy_tbps=copy, bytes_model=spec.note)
+        if progress is not None:
+            progress.update(task, description=f"{case.label} [{name}]")
+        try:
+            # correctness: fresh copies of the inputs, outputs poisoned, compared to float64
+            timing.poison(out_sizes, device)
+            args = _with_grad(inputs.args, inputs.grad_of, case.backward)
+            out = fn(*args)
+            got = [out]
+            if case.backward:
+                got += list(torch.autograd.grad(out, [args[i] for i in inputs.grad_of], grad_out.to(out.dtype)))
+            del args, out
+            err = timing.compare(got, ref)
+            row.rel_err = err
+            if not err <= timing.REL_TOL[case.dtype]:
+                row.status = f"wrong (rel err {err:.2e})"
+            del got
+            # timing: input sets rotated through, spanning more than L2
+            per_set = sum(a.numel() * a.element_size() for a in inputs.args if isinstance(a, torch.Tensor))
+            sets = [_with_grad(spec.make(case.shape, case.dtype, device, gen).args, inputs.grad_of, case.backward)
+                    for _ in range(timing.sets_needed(per_set))]
+            row.ms = timer(step, sets)
+            del sets
+            row.tbps = nbytes / (row.ms * 1e-3) / 1e12
+            row.pct_copy = 100.0 * row.tbps / copy if copy else None
+        except Exception as e:  # noqa: BLE001 - a provider failing is a result, not a crash
+            row.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        rows.append(row)
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+        if progress is not None:
+            progress.advance(task)
+    _ratios(rows)
+    return rows
+
+
+def _ratios(rows: list[Row]) -> None:
+    """Speed-up of each provider over each peer (peer ms / own ms), where both were timed."""
+    ms = {r.provider: r.ms for r in rows if r.ms is not None and not r.status.startswith("error")}
+    for r in rows:
+        if r.ms is None:
+            continue
+        for peer in ("eager", "compile", "liger"):
+            if peer in ms and peer != r.provider:
+                setattr(r, f"vs_{peer}", ms[peer] / r.ms)
+
+
+def run(case_list: list[Case], wanted=PROVIDERS, device=None, copy: float | None = None, deadline: float | None = None, console=None) -> list[Row]:
+    """Run every case with a progress bar; cases past ``deadline`` (time.monotonic) are skipped."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    device = device or torch.device("cuda")
+    env = environment(device)
+    copy = copy if copy is not None else timing.copy_tbps(device)
+    all_specs = S.specs()
+    total = sum(len([p for p in wanted if p == "compile" or p in all_specs[c.op].providers]) for c in case_list)
+    rows = []
+    columns = (TextColumn("{task.description:48s}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("benchmarks", total=total)
+        for case in case_list:
+            if deadline is not None and time.monotonic() > deadline:
+                rows.append(Row(**env, op=case.op, shape=f"{case.shape[0]}x{case.shape[1]}", m=case.shape[0], n=case.shape[1],
+                                dtype=str(case.dtype).replace("torch.", ""), pass_=PASSES[case.backward], provider="all",
+                                status="skipped (time budget)", ms=None, bytes=0, tbps=None, pct_copy=None, copy_tbps=copy))
+                continue
+            rows += run_case(case, wanted, device, env, copy, progress, task)
+    return rows

@@ -1,0 +1,84 @@
+"""Timing, the copy ceiling, poisoned outputs and correctness: one method for every provider.
+
+* ``time_ms``: ``triton.testing.do_bench`` (CUDA events, warm-up, median of many; it also clears
+  L2 between runs) over input sets rotated so that they span more than the L2 cache.
+* ``copy_tbps``: the device-to-device copy of 4 GiB measured in the same run, bytes read + written.
+* ``poison``: fills freed allocator blocks of the outputs' sizes with NaN before a provider runs,
+  so an output element it does not write shows as NaN instead of as stale correct data.
+* ``compare``: relative L2 error against the float64 reference, NaN where the reference is
+  finite counting as failure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+#: Max relative L2 error against the float64 reference (values rounded to the output dtype
+#: already differ by ~2^-8 for bfloat16).
+REL_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+L2_BYTES = 60 * 2**20
+
+
+def time_ms(fn, input_sets: list, warmup_ms: int = 10, rep_ms: int = 40) -> float:
+    """Median milliseconds of ``fn(*inputs)``, cycling through ``input_sets``."""
+    import triton.testing
+
+    cycle = itertools.cycle(input_sets)
+    return float(triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def sets_needed(bytes_per_set: int, cap: int = 64) -> int:
+    """Input sets to rotate through so that one round spans at least twice the L2 cache."""
+    return max(1, min(cap, math.ceil(2 * L2_BYTES / max(1, bytes_per_set))))
+
+
+def copy_tbps(device: torch.device, gib: int = 4) -> float:
+    """Device-to-device copy bandwidth in TB/s (bytes read + written), median of do_bench."""
+    import triton.testing
+
+    n = gib * 2**30
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n / (ms * 1e-3) / 1e12
+
+
+def poison(sizes_bytes: list[int], device: torch.device, copies: int = 3) -> bool:
+    """NaN-fill free allocator blocks of these sizes (the next allocations of those sizes reuse
+    them). Returns whether the caching allocator handed a poisoned block back (self-check)."""
+    if device.type != "cuda":
+        return False
+    blocks = [torch.full((max(1, s // 4),), float("nan"), dtype=torch.float32, device=device) for s in sizes_bytes for _ in range(copies)]
+    del blocks
+    probe = torch.empty(max(1, sizes_bytes[0] // 4), dtype=torch.float32, device=device)
+    ok = bool(torch.isnan(probe[: min(1024, probe.numel())]).all())
+    del probe
+    return ok
+
+
+def compare(out, ref) -> float:
+    """Largest relative L2 error over the output tensors (inf when NaN/inf appear where the
+    reference is finite, or shapes differ)."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    worst = 0.0
+    for o, r in zip(outs, refs):
+        if o is None or r is None:
+            if (o is None) != (r is None):
+                return math.inf
+            continue
+        o, r = o.detach().double(), r.detach().double()
+        if o.shape != r.shape:
+            return math.inf
+        fin = torch.isfinite(r)
+        if not bool(torch.isfinite(o[fin]).all()):
+            return math.inf
+        num = torch.linalg.vector_norm(o[fin] - r[fin])
+        den = torch.linalg.vector_norm(r[fin]).clamp_min(1e-30)
+        worst = max(worst, float(num / den))
+    return worst

@@ -1,0 +1,283 @@
+"""cross_entropy over class logits, forward and backward, never materializing the probabilities.
+
+    per row i, target t, C classes, class weights w (default 1), smoothing eps:
+      lse     = log sum_j exp(x_j)
+      nll     = w_t * (lse - x_t)
+      smooth  = sum_j w_j * (lse - x_j) = lse * sum(w) - sum_j w_j x_j
+      loss_i  = (1 - eps) * nll + eps / C * smooth                  (0 when t == ignore_index)
+    reduction  none: loss_i;  sum: sum_i loss_i;  mean: sum_i loss_i / sum_i w_{t_i} (not ignored)
+    gradient   dx_ij = s_i * ((1 - eps) * w_t * (p_ij - [j == t]) + eps / C * (sum(w) * p_ij - w_j))
+               p_ij = exp(x_ij - lse_i);  s_i = grad_i (none), grad (sum), grad / denominator (mean)
+
+Traffic: forward reads the logits once (writes 3 floats a row); backward reads them once more and
+writes the gradient: 3 passes over the [M, C] logits for forward + backward. A target outside
+[0, C) that is not ignore_index yields NaN (PyTorch raises; checking would cost a sync).
+Probability ("soft") targets are computed from kernelab's log_softmax and PyTorch reductions.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _common
+from .softmax import log_softmax, lse_update
+
+_REDUCTIONS = ("none", "mean", "sum")
+#: Classes per chunk: forward (one program per row, looping) and backward (one program per chunk).
+FWD_BLOCK_C = 4096
+BWD_BLOCK_C = 4096
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit
+def _ce_fwd_kernel(
+    x_ptr, target_ptr, weight_ptr, wsum_ptr, loss_ptr, lse_ptr, wt_ptr,
+    stride_x,
+    M, C,
+    ignore_index, smoothing,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr,
+):
+    """One row per program: loss_i, lse_i and the target's weight (0 if ignored); x read once."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    cols = tl.arange(0, BLOCK_C)
+    # pass over the row: online logsumexp, and sum_j w_j x_j for label smoothing
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.full((), 0.0, tl.float32)
+    wx = tl.zeros((BLOCK_C,), tl.float32)
+    for start in tl.range(0, C, BLOCK_C, num_stages=STAGES):
+        idx = start + cols
+        x = tl.load(x_row + idx, mask=idx < C, other=float("-inf")).to(tl.float32)
+        m, s = lse_update(m, s, x)
+        if SMOOTH:
+            xs = tl.where(idx < C, x, 0.0)
+            if HAS_WEIGHT:
+                xs = xs * tl.load(weight_ptr + idx, mask=idx < C, other=0.0).to(tl.float32)
+            wx += xs
+    lse = tl.where(m == float("-inf"), 0.0, m) + tl.log(s)
+    # the target's logit and weight (one scalar load each)
+    t = tl.load(target_ptr + row).to(tl.int64)
+    valid = (t >= 0) & (t < C)
+    t_safe = tl.where(valid, t, 0)
+    w_t = tl.load(weight_ptr + t_safe).to(tl.float32) if HAS_WEIGHT else 1.0
+    loss = w_t * (lse - tl.load(x_row + t_safe).to(tl.float32))
+    if SMOOTH:
+        wsum = tl.load(wsum_ptr) if HAS_WEIGHT else C * 1.0
+        loss = (1.0 - smoothing) * loss + smoothing / C * (lse * wsum - tl.sum(wx, axis=0))
+    # ignored rows count zero; other out-of-range targets poison the loss
+    ignored = t == ignore_index
+    loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+    tl.store(loss_ptr + row, loss)
+    tl.store(lse_ptr + row, lse)
+    tl.store(wt_ptr + row, tl.where(ignored, 0.0, w_t))
+
+
+@triton.jit
+def _ce_bwd_kernel(
+    x_ptr, target_ptr, weight_ptr, wsum_ptr, lse_ptr, grad_ptr, denom_ptr, dx_ptr,
+    stride_x, stride_grad, stride_dx,
+    M, C,
+    ignore_index, smoothing,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, MEAN: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """dx for one BLOCK_C chunk of one row (program = row * chunks + chunk): x read once, dx written once."""
+    chunks = tl.cdiv(C, BLOCK_C)
+    pid = tl.program_id(0).to(tl.int64)
+    row, pid_c = pid // chunks, pid % chunks
+    idx = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = idx < C
+    # load the logits chunk and the row's scalars
+    x = tl.load(x_ptr + row * stride_x + idx, mask=ok, other=0.0).to(tl.float32)
+    t = tl.load(target_ptr + row).to(tl.int64)
+    lse = tl.load(lse_ptr + row)
+    scale = tl.load(grad_ptr + row * stride_grad).to(tl.float32)
+    if MEAN:
+        scale = scale / tl.load(denom_ptr)
+    valid = (t >= 0) & (t < C)
+    scale = tl.where(t == ignore_index, 0.0, tl.where(valid, scale, float("nan")))
+    w_t = tl.load(weight_ptr + tl.where(valid, t, 0)).to(tl.float32) if HAS_WEIGHT else 1.0
+    # softmax recomputed from lse, minus the (smoothed) target distribution
+    p = tl.exp(x - lse)
+    dx = (1.0 - smoothing) * w_t * (p - tl.where(idx == t, 1.0, 0.0))
+    if SMOOTH:
+        if HAS_WEIGHT:
+            w = tl.load(weight_ptr + idx, mask=ok, other=0.0).to(tl.float32)
+            dx += smoothing / C * (tl.load(wsum_ptr) * p - w)
+        else:
+            dx += smoothing * p - smoothing / C
+    tl.store(dx_ptr + row * stride_dx + idx, (dx * scale).to(dx_ptr.dtype.element_ty), mask=ok)
+
+
+# --------------------------------------------------------------------------- launchers
+def _weight_sum(weight, smoothing: float) -> torch.Tensor | None:
+    return weight.sum(dtype=torch.float32) if weight is not None and smoothing > 0 else None
+
+
+def _ce_forward(logits, target, weight, ignore_index: int, smoothing: float, reduction: str):
+    """(loss, lse, denom) for [M, C] logits and [M] targets; loss reduced, in the logits' dtype."""
+    m, c = logits.shape
+    loss = _common.empty((m,), torch.float32, logits.device)
+    lse = _common.empty((m,), torch.float32, logits.device)
+    wt = _common.empty((m,), torch.float32, logits.device)
+    if m and c:
+        x = _common.as_rows(logits, c)
+        block_c = min(triton.next_power_of_2(c), FWD_BLOCK_C)
+        _ce_fwd_kernel[(m,)](
+            x, target, weight, _weight_sum(weight, smoothing), loss, lse, wt,
+            x.stride(0), m, c, ignore_index, smoothing,
+            HAS_WEIGHT=weight is not None, SMOOTH=smoothing > 0, BLOCK_C=block_c,
+            STAGES=_common.STAGES, num_warps=_common.warps_for(block_c),
+        )
+    elif m:
+        loss.fill_(float("nan")), lse.fill_(float("-inf")), wt.fill_(1.0)
+    denom = wt.sum()
+    if reduction == "none":
+        out = loss.to(logits.dtype)
+    elif reduction == "sum":
+        out = loss.sum().to(logits.dtype)
+    else:
+        out = (loss.sum() / denom).to(logits.dtype)
+    return out, lse, denom
+
+
+def _ce_backward(grad, logits, target, weight, lse, denom, ignore_index: int, smoothing: float, reduction: str):
+    """d loss / d logits, [M, C] in the logits' dtype."""
+    m, c = logits.shape
+    dx = _common.empty((m, c), logits.dtype, logits.device)
+    if dx.numel() == 0:
+        return dx
+    x = _common.as_rows(logits, c)
+    block_c = min(triton.next_power_of_2(c), BWD_BLOCK_C)
+    _ce_bwd_kernel[(triton.cdiv(c, block_c) * m,)](
+        x, target, weight, _weight_sum(weight, smoothing), lse, grad, denom, dx,
+        x.stride(0), grad.stride(0) if grad.dim() else 0, dx.stride(0), m, c, ignore_index, smoothing,
+        HAS_WEIGHT=weight is not None, SMOOTH=smoothing > 0, MEAN=reduction == "mean",
+        BLOCK_C=block_c, num_warps=_common.warps_for(block_c),
+    )
+    return dx
+
+
+# --------------------------------------------------------------------------- custom ops and autograd
+@torch.library.custom_op("kernelab::cross_entropy", mutates_args=())
+def _ce_op(
+    logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+    ignore_index: int, smoothing: float, reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _ce_forward(logits, target, weight, ignore_index, smoothing, reduction)
+
+
+@_ce_op.register_fake
+def _(logits, target, weight, ignore_index, smoothing, reduction):
+    m = logits.shape[0]
+    out = logits.new_empty((m,) if reduction == "none" else ())
+    return out, logits.new_empty((m,), dtype=torch.float32), logits.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("kernelab::cross_entropy_backward", mutates_args=())
+def _ce_backward_op(
+    grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+    lse: torch.Tensor, denom: torch.Tensor, ignore_index: int, smoothing: float, reduction: str,
+) -> torch.Tensor:
+    return _ce_backward(grad, logits, target, weight, lse, denom, ignore_index, smoothing, reduction)
+
+
+@_ce_backward_op.register_fake
+def _(grad, logits, target, weight, lse, denom, ignore_index, smoothing, reduction):
+    return logits.new_empty(logits.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    logits, target, weight, ignore_index, smoothing, reduction = inputs
+    _, lse, denom = output
+    ctx.args = (ignore_index, smoothing, reduction)
+    ctx.save_for_backward(logits, target, weight, lse, denom)
+
+
+def _backward(ctx, grad, _dlse, _ddenom):
+    logits, target, weight, lse, denom = ctx.saved_tensors
+    dx = _common.call(_ce_backward_op, _ce_backward, grad, logits, target, weight, lse, denom, *ctx.args)
+    return dx, None, None, None, None, None
+
+
+_ce_op.register_autograd(_backward, setup_context=_setup_context)
+_CrossEntropy = _common.eager_function("_CrossEntropy", _ce_forward, _setup_context, _backward)
+
+
+# --------------------------------------------------------------------------- public function
+def _soft_targets(input, target, weight, reduction, smoothing, class_dim):
+    """Probability targets: -sum_j w_j y_j log p_j, with kernelab's log_softmax."""
+    c = input.shape[class_dim]
+    logp = log_softmax(input, class_dim)
+    if smoothing > 0:
+        target = target * (1 - smoothing) + smoothing / c
+    if weight is not None:
+        shape = [1] * input.dim()
+        shape[class_dim] = c
+        target = target * weight.view(shape)
+    loss = -(logp * target).sum(class_dim)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (input.numel() / c if c else 0)
+
+
+def cross_entropy(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    size_average=None,
+    ignore_index: int = -100,
+    reduce=None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.cross_entropy`` (class-index or probability targets).
+
+    Logits (C), (N, C) or (N, C, d1, ...); class weights, ``ignore_index``, ``label_smoothing`` and
+    every reduction. Forward: one kernel reading the logits once (online logsumexp); backward: one
+    kernel reading them once more and writing the gradient: probabilities never reach memory. The
+    loss has the logits' dtype and is accumulated in float32.
+    """
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    class_dim = 0 if input.dim() == 1 else 1
+    c = input.shape[class_dim] if input.dim() else 0
+    if weight is not None:
+        if weight.dim() != 1 or weight.numel() != c:
+            raise RuntimeError(
+                f"weight tensor should be defined either for all {c} classes or no classes but got "
+                f"weight tensor of shape: {list(weight.shape)}"
+            )
+        if weight.dtype != input.dtype:
+            raise RuntimeError(f"expected scalar type {input.dtype} but found {weight.dtype}")
+    if not _common.use_triton(input) or input.dim() == 0:
+        return torch.nn.functional.cross_entropy(
+            input, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+        )
+    if target.is_floating_point():
+        if target.shape != input.shape:
+            raise RuntimeError(f"Expected target size {list(input.shape)}, got {list(target.shape)}")
+        return _soft_targets(input, target, weight, reduction, label_smoothing, class_dim)
+    if target.dtype not in (torch.int64, torch.uint8):
+        name = str(target.dtype).replace("torch.", "").capitalize().replace("Int32", "Int")
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {name}")
+    expected = input.shape[:class_dim] + input.shape[class_dim + 1:]
+    if target.shape != expected:
+        if input.dim() >= 2 and target.dim() >= 1 and target.shape[0] != input.shape[0]:
+            raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({target.shape[0]}).")
+        raise RuntimeError(f"Expected target size {list(expected)}, got {list(target.shape)}")
+    # logits as [M, C] rows, class dim last (a K-dim input is transposed once)
+    logits = input.movedim(class_dim, -1).reshape(-1, c) if input.dim() != 2 else input
+    loss = _common.apply(
+        _CrossEntropy, _ce_op, logits, target.reshape(-1).contiguous(), None if weight is None else weight.contiguous(), int(ignore_index), float(label_smoothing), reduction
+    )[0]
+    return loss.reshape(expected) if reduction == "none" else loss

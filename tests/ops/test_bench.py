@@ -1,0 +1,103 @@
+"""The benchmark harness on CPU: specs, correctness flagging, ratios, CSV/table/plot, CLI.
+
+Timing itself needs a GPU (CUDA events); here a fake timer stands in, and the kernelab provider
+runs under the interpreter.
+"""
+
+import argparse
+import csv
+import math
+
+import pytest
+import torch
+
+from kernelab.bench import cli, report, runner, specs, timing
+
+ENV = {"date": "2026-12-02T00:00:00Z", "gpu": "cpu", "torch": torch.__version__, "triton": "x", "liger": "absent"}
+
+
+def fake_timer(step, sets):
+    step(*sets[0])  # the timed function must run
+    return 0.5
+
+
+def test_specs_and_bytes():
+    all_specs = specs.specs()
+    assert set(runner.cases(["softmax"], torch.bfloat16)[0].__dict__) == {"op", "shape", "dtype", "backward"}
+    for name, spec in all_specs.items():
+        assert {"kernelab", "eager"} <= set(spec.providers), name
+        assert spec.note and spec.shapes
+    s = all_specs["softmax"]
+    assert specs.bytes_moved(s, (32768, 4096), torch.bfloat16, False) == 2 * 32768 * 4096 * 2
+    assert specs.bytes_moved(s, (32768, 4096), torch.bfloat16, True) == 5 * 32768 * 4096 * 2
+    assert specs.bytes_moved(all_specs["cross_entropy"], (8192, 32000), torch.bfloat16, True) == 3 * 8192 * 32000 * 2
+    for n in (256, 1024, 4096, 16384, 65536, 131072, 262144):  # the issue's row lengths
+        assert any(shape[1] == n for shape in specs.ROW_GRID)
+
+
+@pytest.mark.parametrize("op,shape", [("softmax", (6, 300)), ("layer_norm", (5, 20000)), ("cross_entropy", (4, 33)), ("silu_mul", (3, 64)), ("bias_gelu", (3, 64))])
+@pytest.mark.parametrize("backward", [False, True])
+def test_run_case_checks_and_times(op, shape, backward):
+    case = runner.Case(op, shape, torch.float32, backward)
+    rows = runner.run_case(case, ("kernelab", "eager"), torch.device("cpu"), ENV, copy=4.0, timer=fake_timer)
+    assert [r.provider for r in rows] == ["kernelab", "eager"]
+    for r in rows:
+        assert r.status == "ok", r.status
+        assert r.rel_err is not None and r.rel_err < 1e-4
+        assert r.ms == 0.5 and r.tbps == pytest.approx(r.bytes / 0.5e-3 / 1e12)
+        assert r.pct_copy == pytest.approx(100 * r.tbps / 4.0)
+        assert r.gpu == "cpu" and r.date and r.torch
+    assert rows[0].vs_eager == pytest.approx(1.0)
+
+
+def test_wrong_and_failing_providers_are_flagged(monkeypatch):
+    spec = specs.specs()["softmax"]
+    spec.providers["kernelab"] = lambda x: torch.softmax(x, -1) * 1.01
+    spec.providers["liger"] = lambda x: (_ for _ in ()).throw(RuntimeError("n too large"))
+    monkeypatch.setattr(specs, "specs", lambda: {"softmax": spec})
+    rows = runner.run_case(runner.Case("softmax", (4, 50), torch.float32, False), ("kernelab", "eager", "liger"),
+                           torch.device("cpu"), ENV, copy=4.0, timer=fake_timer)
+    status = {r.provider: r.status for r in rows}
+    assert status["kernelab"].startswith("wrong") and status["eager"] == "ok"
+    assert status["liger"].startswith("error: RuntimeError: n too large")
+
+
+def test_compare_catches_unwritten_outputs():
+    ref = torch.randn(10, dtype=torch.float64)
+    out = ref.float().clone()
+    assert timing.compare(out, ref) < 1e-6
+    out[3] = float("nan")
+    assert math.isinf(timing.compare(out, ref))
+    assert math.isinf(timing.compare([out[:5]], [ref]))
+    assert timing.sets_needed(2**30) == 1 and timing.sets_needed(1024, cap=64) == 64
+
+
+def test_report_outputs(tmp_path):
+    case = runner.Case("softmax", (6, 300), torch.float32, False)
+    rows = runner.run_case(case, ("kernelab", "eager"), torch.device("cpu"), ENV, copy=4.0, timer=fake_timer)
+    rows += runner.run_case(runner.Case("softmax", (6, 300), torch.float32, True), ("kernelab", "eager"), torch.device("cpu"), ENV, copy=4.0, timer=fake_timer)
+    path = report.append_csv(rows, tmp_path)
+    report.append_csv(rows, tmp_path)
+    with path.open() as f:
+        lines = list(csv.DictReader(f))
+    assert len(lines) == 2 * len(rows)
+    assert all(line["gpu"] == "cpu" and line["torch"] and line["triton"] and line["date"] for line in lines)
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    report.table(rows, console)
+    assert "softmax" in console.export_text()
+    pngs = report.plot(rows, tmp_path)
+    assert pngs and all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_cli_parser_and_no_gpu():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    cli.add_parser(sub)
+    args = parser.parse_args(["bench", "softmax", "--shapes", "4x8", "16x4096", "--dtype", "bf16", "--backward", "--out", "x"])
+    assert args.shapes == [(4, 8), (16, 4096)] and args.backward and args.func is cli.run
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "softmax", "--shapes", "4by8"])
+    if not torch.cuda.is_available():
+        assert cli.run(args) == 2
