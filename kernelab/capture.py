@@ -91,7 +91,6 @@ class OpRecord:
     is_view: bool  # output aliases an input, nothing is computed
     backward: bool  # ran inside the autograd engine
     args: dict[str, Any] = field(default_factory=dict)  # schema argument name -> value (tensors as TensorInfo)
-    origin: str = ""  # the torch.nn.functional call that produced it, when known
 
     @property
     def packet(self) -> str:
@@ -204,7 +203,6 @@ class _Recorder(TorchDispatchMode):
         self.ids = ids
         self.ops: list[OpRecord] = []
         self.suppress = 0
-        self.origin = ""
 
     def tensor_infos(self, tree) -> list[TensorInfo]:
         return [self.ids.info(t) for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
@@ -227,26 +225,21 @@ class _Recorder(TorchDispatchMode):
                 for size in t.shape:
                     self.ids.estimate(size, max(bound // 2, 1))
 
-    def record(self, func, args, kwargs, out, name: str | None = None, backward: bool | None = None):
-        bound = _bind_arguments(func, args, kwargs) if func is not None else dict(kwargs)
-        mutated = _mutated_inputs(func, args, kwargs) if func is not None else []
-        info_args = {
-            k: pytree.tree_map(lambda v: self.ids.info(v) if isinstance(v, torch.Tensor) else v, v)
-            for k, v in bound.items()
-        }
-        self.ops.append(
-            OpRecord(
-                index=len(self.ops),
-                name=name or _op_name(func),
-                inputs=self.tensor_infos((args, kwargs)),
-                outputs=_without(self.tensor_infos(out), {self.ids.info(m).region for m in mutated}),
-                mutated=[self.ids.info(m) for m in mutated],
-                is_view=_is_view(func) if func is not None else False,
-                backward=torch._C._current_autograd_node() is not None if backward is None else backward,
-                args=info_args,
-                origin=self.origin,
-            )
-        )
+    def info_tree(self, tree):
+        return pytree.tree_map(lambda v: self.ids.info(v) if isinstance(v, torch.Tensor) else v, tree)
+
+    def record(self, func, args, kwargs, out) -> None:
+        """One ATen op: its tensors, the inputs it writes in place, its schema arguments."""
+        mutated = _mutated_inputs(func, args, kwargs)
+        written = {self.ids.info(m).region for m in mutated}
+        self.append(_op_name(func), self.info_tree(_bind_arguments(func, args, kwargs)), (args, kwargs), out,
+                    mutated=[self.ids.info(m) for m in mutated], written=written, is_view=_is_view(func))
+
+    def append(self, name, args_by_name, inputs, out, mutated=(), written=frozenset(), is_view=False) -> None:
+        self.ops.append(OpRecord(
+            index=len(self.ops), name=name, inputs=self.tensor_infos(inputs),
+            outputs=_without(self.tensor_infos(out), written), mutated=list(mutated), is_view=is_view,
+            backward=torch._C._current_autograd_node() is not None, args=args_by_name))
 
 
 def _without(infos: list[TensorInfo], regions: set) -> list[TensorInfo]:
@@ -293,10 +286,7 @@ class _DeviceSpecificCalls(TorchFunctionMode):
         finally:
             self.recorder.suppress -= 1
         bound = {**dict(zip(arg_names, args)), **kwargs}
-        self.recorder.record(None, (), bound, out, name=name)
-        rec = self.recorder.ops[-1]
-        rec.inputs = self.recorder.tensor_infos((args, kwargs))
-        rec.outputs = self.recorder.tensor_infos(out)
+        self.recorder.append(name, self.recorder.info_tree(bound), (args, kwargs), out)
         return out
 
 
