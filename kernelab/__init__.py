@@ -5,6 +5,7 @@ Public API (imported lazily: ``import kernelab`` does no work):
 * :func:`count` -- the kernels of one function in one mode, as a :class:`Report`
 * :func:`compare` -- the same function in several modes, side by side
 * :func:`sweep` -- time against size for several modes, with the size where fusion starts to pay
+* :func:`compile` / :func:`explain` -- ``torch.compile(fn, backend="kernelab")`` and its readable plan
 * :mod:`kernelab.ops` -- fused Triton kernels, drop-ins for ``torch.nn.functional``
 """
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import importlib
 
 __version__ = "0.1.0"
-__all__ = ["count", "compare", "sweep", "Report", "ops", "__version__"]
+__all__ = ["count", "compare", "sweep", "explain", "compile", "Report", "ops", "__version__"]
 
 _LAZY = {
     "count": ("kernelab.api", "count"),
     "compare": ("kernelab.api", "compare"),
     "sweep": ("kernelab.sweep", "sweep"),
+    "explain": ("kernelab.compiler", "explain"),
+    "compile": ("kernelab.compiler", "compile"),
     "Report": ("kernelab.report", "Report"),
     "ops": ("kernelab.ops", None),
 }

@@ -39,7 +39,19 @@ def lower(trace: OpTrace, mode: str, ctx: Context) -> list[KernelSpec]:
         from .inductor_model import predict_inductor
 
         return predict_inductor(trace, ctx)
-    raise KernelabError("mode 'kernelab' needs kernelab's compiler, which is not built yet (issue 4)")
+    raise KernelabError("mode 'kernelab' is lowered from the compiler's plan (see _trace_and_kernels)")
+
+
+def _trace_and_kernels(target, args, kwargs, mode: str, ctx: Context, fake: bool) -> tuple[OpTrace, list[KernelSpec]]:
+    """The op trace (for traffic totals) and the mode's kernels. kernelab's compiler plans the call
+    itself: its kernels and trace share one storage numbering."""
+    _check_mode(mode)
+    if mode == "kernelab":
+        from .compiler import plan_trace
+
+        return plan_trace(target, args, kwargs, ctx)
+    trace = capture(target, args, kwargs, fake=fake, device=None if fake else "cuda")
+    return trace, lower(trace, mode, ctx)
 
 
 def _target_name(target) -> str:
@@ -117,8 +129,7 @@ def predicted_wall_us(mode: str, kernel_us: list[float], profile: hardware.Devic
 
 
 def _predict(target, args, kwargs, mode, profile, name) -> Report:
-    trace = capture(target, args, kwargs, fake=True)
-    specs = lower(trace, mode, Context(profile.arch))
+    trace, specs = _trace_and_kernels(target, args, kwargs, mode, Context(profile.arch), fake=True)
     times = [predicted_kernel_us(s, profile) for s in specs]
     kernels = [_to_kernel(s, time_us=t, ceiling_bytes_per_s=profile.copy_bandwidth,
                           ceiling_flops=profile.matmul_flops.get(_matmul_dtype(s)))
@@ -138,7 +149,9 @@ def _compiled(fn, mode: str):
         return fn
     if mode == "inductor":
         return torch.compile(fn)
-    raise KernelabError("mode 'kernelab' needs kernelab's compiler, which is not built yet (issue 4)")
+    from .compiler import compile as kernelab_compile
+
+    return kernelab_compile(fn)
 
 
 
@@ -212,8 +225,7 @@ def _measure(target, args, kwargs, mode, name) -> Report:
         raise KernelabError("measuring takes positional arguments only")
     gpu = torch.cuda.get_device_name()
     ctx = Context(torch.cuda.get_device_capability())
-    trace = capture(target, args, kwargs, fake=False, device="cuda")
-    specs = lower(trace, mode, ctx)
+    trace, specs = _trace_and_kernels(target, args, kwargs, mode, ctx, fake=mode == "kernelab")
     prepared = prepare_on_device(target, tuple(args), "cuda")
     fn = _compiled(prepared.fn, mode)
     measured = measure_kernels(fn, prepared.args, reset=_cold_cache_reset(prepared))

@@ -47,6 +47,9 @@ _RULES: tuple[tuple[str | re.Pattern[str], str], ...] = (
     # the loop Inductor generated (its prefix): a gather fused into a pointwise loop stays
     # pointwise. Scans and sorts are their own loops (tl.associative_scan / tl.sort, "spl" = split
     # scan), recognised by the op in the name ---
+    # --- kernelab's compiler: kl_fused_<ops>; a reduction kernel always names its reduction ---
+    (re.compile(r"^kl_fused_\w*(sum|mean|amax|amin|var)"), "reduction"),
+    (re.compile(r"^kl_fused_"), "pointwise"),
     (re.compile(r"^triton_\w*?_fused\w*_(cumsum|cumprod|logcumsumexp|cummax|cummin)"), "scan"),
     (re.compile(r"^triton_\w*?_fused\w*_(sort|topk|argsort)"), "sort"),
     (re.compile(r"^triton_(poi|for)_"), "pointwise"),

@@ -116,3 +116,8 @@ def test_tour_runs_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "def add_relu(a, b):" in out and "eager: 2 kernels, 5 array transfers, 1 round trip" in out
     assert "<svg" in plot.read_text()
+
+
+def test_count_kernelab_mode_from_the_command_line(target_file, capsys):
+    assert main(["count", f"{target_file}:add_relu", "--mode", "kernelab", "--predict"]) == 0
+    assert "kernelab: 1 kernel, 3 array transfers, 0 round trips" in capsys.readouterr().out

@@ -72,3 +72,11 @@ def test_over_2_31_bytes_eager_launches_each_op_in_two_pieces():
     assert [k.bytes for k in r.kernels] == [6 * 10**9, 6 * 10**9, 4 * 10**9, 4 * 10**9]
     fused = kernelab.count(add_relu, a, b, mode="inductor", predict=True)
     assert fused.num_kernels == 1 and fused.transfers == 3.0
+
+
+def test_kernelab_mode_is_predicted_from_the_compilers_plan():
+    r = kernelab.count(add_relu, *_inputs(), mode="kernelab", predict=True)
+    assert (r.num_kernels, r.transfers, len(r.round_trips)) == (1, 3.0, 0)
+    assert r.kernels[0].name.startswith("kl_fused_") and r.kernels[0].category == "pointwise"
+    c = kernelab.compare(add_relu, *_inputs(), modes=("eager", "inductor", "kernelab"), predict=True)
+    assert c.summary().endswith("kernelab: 1 kernel, 3 array transfers, 0 round trips, 21 µs predicted")

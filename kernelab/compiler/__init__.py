@@ -1,0 +1,68 @@
+"""kernelab's fusion compiler: ``torch.compile(fn, backend="kernelab")``.
+
+FX graph (aot_autograd: functional, decomposed, forward and backward) -> groups of fusible ops
+(pointwise chains with broadcasting; a row reduction over the last dim with its pointwise prologue
+and epilogue) -> one generated Triton kernel per group; everything else runs as ATen, each with the
+reason. Importing this module registers the backend name "kernelab" with dynamo (nothing else).
+
+* :func:`compile` -- ``torch.compile(fn, backend="kernelab", **kw)``
+* :func:`explain` -- the plan of one call, printable with rich, ``.to_dict()``
+* :func:`plan_kernels` -- the kernels one call launches, predicted from the plan (no GPU needed)
+* :func:`plan_trace` -- the same kernels with the call's inputs and outputs, for traffic totals
+"""
+from __future__ import annotations
+
+__all__ = ["compile", "explain", "plan_kernels", "plan_trace", "kernelab_backend", "register", "BACKEND_NAME"]
+
+BACKEND_NAME = "kernelab"
+
+
+def kernelab_backend(gm, example_inputs, **options):
+    """The dynamo backend (what the name "kernelab" resolves to)."""
+    from .backend import kernelab_backend as _backend
+
+    return _backend(gm, example_inputs, **options)
+
+
+def register() -> None:
+    """Make ``backend="kernelab"`` resolve to :func:`kernelab_backend` (idempotent; imports torch._dynamo,
+    about a second, which torch.compile imports anyway)."""
+    from torch._dynamo.backends import registry
+
+    if BACKEND_NAME not in getattr(registry, "_BACKENDS", {}):
+        try:
+            registry.register_backend(kernelab_backend, name=BACKEND_NAME)
+        except Exception:  # noqa: BLE001 - registered meanwhile (another thread)
+            pass
+
+
+def compile(fn, **kwargs):  # noqa: A001 - mirrors torch.compile
+    """``torch.compile(fn, backend="kernelab", **kwargs)``."""
+    import torch
+
+    register()
+    return torch.compile(fn, backend=BACKEND_NAME, **kwargs)
+
+
+def explain(fn, *args, **kwargs):
+    """The plan of ``fn(*args, **kwargs)`` under the kernelab backend (see :class:`plan.Plan`)."""
+    from .plan import explain as _explain
+
+    return _explain(fn, *args, **kwargs)
+
+
+def plan_kernels(target, args=(), kwargs=None, ctx=None):
+    """list[KernelSpec]: the kernels the backend launches for ``target(*args, **kwargs)``."""
+    from .plan import plan_kernels as _plan_kernels
+
+    return _plan_kernels(target, args, kwargs, ctx)
+
+
+def plan_trace(target, args=(), kwargs=None, ctx=None):
+    """(OpTrace, list[KernelSpec]) with one storage numbering: for kernelab.traffic's totals."""
+    from .plan import plan_trace as _plan_trace
+
+    return _plan_trace(target, args, kwargs, ctx)
+
+
+register()

@@ -1,0 +1,149 @@
+"""The torch.compile backend: dynamo graph -> aot_autograd (functional ATen, forward and backward
+graphs, decomposed) -> partition -> a runner that launches one generated kernel per group.
+
+Built only on the public contract for custom backends: ``aot_module_simplified`` with a
+decomposition table and ``min_cut_rematerialization_partition`` (the backward recomputes cheap
+pointwise values instead of saving them), boxed calling convention.
+
+Where no kernel can run (no CUDA device, and Triton's interpreter is off for CPU tensors) every
+graph runs as its ATen ops, which is what eager PyTorch does; that is said once per process.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+import warnings
+
+import torch
+
+__all__ = ["kernelab_backend", "decompositions", "ACTIVE_PLAN", "KernelabFallbackWarning"]
+
+#: The plan recorder of a running ``plan_kernels`` / ``explain`` call (None otherwise). A plain
+#: slot, not a context variable: on CUDA the backward runs on autograd's device threads.
+ACTIVE_PLAN: list = [None]
+
+
+class KernelabFallbackWarning(UserWarning):
+    """A compiled graph ran as ATen ops instead of generated kernels."""
+
+
+@functools.lru_cache(maxsize=1)
+def decompositions() -> dict:
+    """Core ATen decompositions, plus the composite ops whose primitives we fuse (softmax, layer
+    norm, GELU, their backwards). mean/var/relu stay whole: the compiler handles them directly."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    aten = torch.ops.aten
+    extra = [
+        aten._softmax, aten._log_softmax, aten._softmax_backward_data, aten._log_softmax_backward_data,
+        aten.native_layer_norm, aten.native_layer_norm_backward, aten.gelu, aten.gelu_backward,
+        aten.silu, aten.silu_backward, aten.sigmoid_backward, aten.tanh_backward, aten.threshold_backward,
+        aten.hardtanh, aten.hardtanh_backward, aten.leaky_relu, aten.leaky_relu_backward, aten.elu,
+        aten.elu_backward, aten.softplus, aten.softplus_backward, aten.hardswish, aten.hardsigmoid,
+        aten.mish, aten.addcmul, aten.addcdiv, aten.lerp, aten.mse_loss, aten.mse_loss_backward,
+        aten.clamp_min, aten.clamp_max, aten.rsub, aten.square, aten.logsumexp, aten.var_mean.correction,
+    ]
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(extra))
+    for op in (aten.mean.dim, aten.var.correction):
+        table.pop(op, None)
+    return table
+
+
+def _debug() -> int:
+    from ..report import debug_level
+
+    return debug_level()
+
+
+def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, **options):
+    """``torch.compile(fn, backend="kernelab")``."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    def compiler(kind):
+        def compile_fn(fx_gm, inputs):
+            recorder = ACTIVE_PLAN[0]
+            if recorder is not None:
+                recorder.suppress += 1  # tracing runs ops too: none of them is a kernel of the call
+            try:
+                return compile_graph(fx_gm, inputs, kind)
+            finally:
+                if recorder is not None:
+                    recorder.suppress -= 1
+        return torch._disable_dynamo(compile_fn)  # a backward compiled inside a traced frame
+
+    return aot_module_simplified(
+        gm, example_inputs, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"), decompositions=decompositions(),
+        partition_fn=min_cut_rematerialization_partition,
+    )
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str):
+    """Partition one ATen graph and return its boxed callable."""
+    from . import graph, plan, runtime
+
+    runnable, why = _can_run(example_inputs, gm)  # may import triton: a once-per-process cost
+    t0 = time.perf_counter()
+    try:
+        part = graph.partition(gm)
+        runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs))
+    except Exception as exc:  # a compiler bug must not break the user's program: ATen runs it
+        if strict():
+            raise
+        part = graph.Partition([], {}, {n: "" for n in gm.graph.nodes}, [])
+        runner = runtime.GraphRunner.build(gm, part, False)
+        runnable, why = False, f"the compiler failed on this graph ({type(exc).__name__}: {exc}): it runs as ATen"
+    graph_plan = plan.GraphPlan.build(kind, gm, part, time.perf_counter() - t0, None if runnable else why)
+    if _debug() >= 1:  # 1: a line per graph; 2: a line per group, op left to ATen, refusal
+        print(graph_plan.decisions() if _debug() >= 2 else graph_plan.summary(), file=sys.stderr)
+
+    def call(args):
+        recorder = ACTIVE_PLAN[0]
+        args = list(args)
+        if recorder is not None:
+            return list(runner(args, hooks=recorder.hooks(graph_plan)))
+        if not runnable:
+            _say_fallback(why)
+            return list(gm(*args))
+        out = runner(args)
+        if not graph_plan.jit_s:  # the first call generated and imported the kernels
+            graph_plan.note_compile(runner)
+        return list(out)
+
+    call = torch._disable_dynamo(call)  # never trace the runner (backward runs inside frames)
+    call._boxed_call = True
+    call.plan = graph_plan
+    return call
+
+
+def strict() -> bool:
+    """KERNELAB_STRICT=1: compiler errors raise instead of falling back to ATen (the tests set it)."""
+    return os.environ.get("KERNELAB_STRICT", "0") == "1"
+
+
+def _any_cpu(example_inputs) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0 for t in example_inputs)
+
+
+def _can_run(example_inputs, gm) -> tuple[bool, str]:
+    """Generated kernels need CUDA tensors, or CPU tensors with Triton's interpreter on."""
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor) and t.dim() > 0}
+    devices |= {n.meta["val"].device.type for n in gm.graph.nodes
+                if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() > 0}
+    if devices - {"cuda", "cpu"}:
+        return False, f"tensors on {', '.join(sorted(devices - {'cuda', 'cpu'}))}: no Triton kernels there"
+    if "cpu" in devices:
+        from .runtime import interpreted
+
+        if not interpreted():
+            return False, ("CPU tensors and TRITON_INTERPRET=1 was not set when Triton was imported: "
+                           "every graph runs as eager ATen ops")
+    return True, ""
+
+
+def _say_fallback(why: str) -> None:
+    warnings.warn(f"kernelab: {why}", KernelabFallbackWarning, stacklevel=2)

@@ -1,0 +1,206 @@
+"""FX graph -> groups of fusible nodes.
+
+Walk the (functional, decomposed) ATen graph in order. Each node is classified
+(``fusion.classify``): pointwise, reduction over the last dim, a view, a constant, or eager. A
+fusible node joins the group of one of its producers, or else of a group that already reads one of
+its inputs, when ``fusion.role_in`` says its shape fits that group and no cycle through another
+kernel would result. Pointwise groups feeding it are then merged in when their shape fits (the same
+shape; one value per row of a reduction; a smaller shape that broadcasts, if nothing else reads
+it). Everything else runs as ATen, with the reason recorded.
+
+Two kinds of group:
+
+* ``pointwise``: nodes have the group's shape S (or a smaller private shape that broadcasts to
+  it, recomputed at every element); inputs broadcast to S.
+* ``reduction``: rows of a full shape S = (..., N) reduced over the last dim. Nodes are ``full``
+  (shape S, one value per element) or ``row`` (one value per row: shape S[:-1] + (1,) or S[:-1]).
+  Softmax, layer norm and RMS norm written from primitives each become one such group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.fx as fx
+
+from . import fusion
+
+__all__ = ["Group", "Partition", "partition"]
+
+
+@dataclass
+class Group:
+    gid: int
+    kind: str  # "pointwise" | "reduction"
+    shape: tuple  # the full iteration shape S (sizes as ints or sympy expressions)
+    nodes: list = field(default_factory=list)  # fx.Nodes in graph order
+    roles: dict = field(default_factory=dict)  # node -> "full" | "row"
+    inputs: list = field(default_factory=list)  # external tensor nodes, in first-use order
+    scalars: list = field(default_factory=list)  # external symbolic scalars (SymInt/SymFloat nodes)
+    outputs: list = field(default_factory=list)  # nodes whose values are needed outside the group
+
+    @property
+    def name(self) -> str:
+        """Self-describing kernel name: kl_fused_<ops in order, deduplicated, at most 6>. A
+        reduction kernel always names a reduction (sum, amax, mean, var...), so that a profiler
+        line tells pointwise from reduction kernels."""
+        ops = []
+        for n in self.nodes:
+            op = fusion.short_name(n)
+            if op and op not in ops:
+                ops.append(op)
+        shown = ops[:6]
+        reductions = [fusion.short_name(n) for n in self.nodes if fusion.is_reduction(n)]
+        if reductions and not set(reductions) & set(shown):
+            shown = ops[:5] + [reductions[0]]
+        return "kl_fused_" + "_".join(shown) + ("_etc" if len(ops) > len(shown) else "")
+
+
+@dataclass
+class Partition:
+    groups: list  # Group
+    group_of: dict  # node -> Group
+    eager: dict  # node -> reason it runs as ATen ("" for views and placeholders)
+    refusals: list  # (node name, reason) for every fusion refused
+
+
+def partition(gm: fx.GraphModule) -> Partition:
+    state = _State(gm)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            state.place(node)
+    for group in state.groups:
+        _finish(group, state.group_of)
+    return Partition(state.groups, state.group_of, state.eager, state.refusals)
+
+
+class _State:
+    def __init__(self, gm: fx.GraphModule):
+        self.groups: list[Group] = []
+        self.group_of: dict = {}
+        self.eager: dict = {}
+        self.refusals: list = []
+        self.index = {n: i for i, n in enumerate(gm.graph.nodes)}
+
+    def place(self, node: fx.Node) -> None:
+        kind, reason = fusion.classify(node)
+        if kind in ("eager", "constant"):
+            self.eager[node] = reason
+            return
+        refused = []
+        for group in self._producer_groups(node) + self._sharing_groups(node):
+            role, why = fusion.role_in(group, node, kind)
+            if role is None:
+                refused.append((node.name, f"not fused into {group.name}: {why}"))
+                continue
+            if self._creates_cycle(group, node):
+                refused.append((node.name, f"not fused into {group.name}: it would depend on itself "
+                                           "through a kernel outside the group"))
+                continue
+            self._add(group, node, role)
+            self._merge_siblings(group, node)
+            return
+        self.refusals.extend(refused)  # kept only for nodes no producer's group could take
+        if kind == "view":
+            self.eager[node] = ""  # a view launches nothing
+            return
+        shape = fusion.full_shape(node, kind)
+        group = Group(len(self.groups), "reduction" if kind == "reduction" else "pointwise", shape)
+        self.groups.append(group)
+        self._add(group, node, "full" if kind != "reduction" else "row")
+        self._merge_siblings(group, node)
+
+    def _producer_groups(self, node):
+        seen = []
+        for p in node.all_input_nodes:
+            g = self.group_of.get(p)
+            if g is not None and g not in seen:
+                seen.append(g)
+        return seen
+
+    def _sharing_groups(self, node):
+        """Groups that already read one of ``node``'s inputs: joining one reads that input once
+        (layer norm's mean and variance of x, x.sin() and x.cos())."""
+        seen = self._producer_groups(node)
+        out = []
+        for p in node.all_input_nodes:
+            if p in self.group_of or fusion.is_constant(p):
+                continue
+            for user in p.users:
+                g = self.group_of.get(user)
+                if g is not None and g not in seen and g not in out:
+                    out.append(g)
+        return out
+
+    def _add(self, group: Group, node, role: str) -> None:
+        if group.kind == "pointwise" and fusion.is_reduction(node):
+            group.kind = "reduction"  # a pointwise prologue becomes the reduction's full nodes
+        group.nodes.append(node)
+        group.roles[node] = role
+        self.group_of[node] = group
+
+    def _merge_siblings(self, group: Group, node) -> None:
+        """Pointwise groups feeding ``node`` join its group when their shape fits: the same shape
+        (x.sin() + y.cos()), or, into a reduction group, one value per row (rsqrt(var + eps))."""
+        for other in self._producer_groups(node):
+            role = self._sibling_role(group, other)
+            if other is group or role is None:
+                continue
+            if any(self._depends_on(p, group.nodes) for n in other.nodes for p in n.all_input_nodes
+                   if self.group_of.get(p) is not other):
+                continue
+            if any(self._depends_on(p, other.nodes) for n in group.nodes for p in n.all_input_nodes
+                   if self.group_of.get(p) not in (group, other)):
+                continue
+            for n in other.nodes:
+                group.roles[n] = role
+                self.group_of[n] = group
+            group.nodes = sorted(group.nodes + other.nodes, key=self.index.__getitem__)
+            self.groups.remove(other)
+        for i, g in enumerate(self.groups):
+            g.gid = i
+
+    @staticmethod
+    def _sibling_role(group: Group, other: Group) -> str | None:
+        """same shape: full; (..., 1) rows of a reduction: row; a smaller shape that broadcasts
+        (a (S, S) mask for (B, S, S) scores): full, recomputed at every element, if nothing
+        outside the two groups reads it."""
+        if other.kind != "pointwise":
+            return None
+        if other.shape == group.shape:
+            return "full"
+        if group.kind == "reduction" and fusion.padded(other.shape, len(group.shape)) == fusion.row_shape(group):
+            return "row"
+        private = all(u in group.roles or u in other.roles for n in other.nodes for u in n.users)
+        return "full" if private and fusion.broadcasts_to(other.shape, group.shape) else None
+
+    def _creates_cycle(self, group: Group, node) -> bool:
+        return any(self._depends_on(p, group.nodes) for p in node.all_input_nodes if self.group_of.get(p) is not group)
+
+    def _depends_on(self, start, members) -> bool:
+        """Does ``start`` (transitively) read any node of ``members``?"""
+        targets = set(members)
+        lowest = min(self.index[m] for m in members)
+        stack, seen = [start], set()
+        while stack:
+            n = stack.pop()
+            if n in targets:
+                return True
+            if n in seen or self.index[n] < lowest:
+                continue
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+        return False
+
+
+def _finish(group: Group, group_of: dict) -> None:
+    """Inputs, scalar inputs and outputs of a group, in a stable order."""
+    members = set(group.nodes)
+    for n in group.nodes:
+        for p in n.all_input_nodes:
+            if p in members or fusion.is_constant(p):
+                continue
+            target = group.scalars if fusion.is_scalar(p) else group.inputs
+            if p not in target:
+                target.append(p)
+        if any(u not in members for u in n.users):
+            group.outputs.append(n)

@@ -1,0 +1,85 @@
+"""Jitted math helpers the generated kernels call (``klm.tanh(x)``) where ``triton.language`` has
+no single instruction. Written from core ``tl`` ops only, so they run unchanged under Triton's
+interpreter (which has no libdevice) and on the GPU. Inputs and results are float32 or float64.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tanh(x):
+    """tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}); an odd Taylor series below |x| < 0.3,
+    where 1 - e^{-2|x|} would cancel (the series' first dropped term is below 2e-8 relative)."""
+    a = tl.abs(x)
+    t = tl.exp(-2.0 * a)
+    big = (1.0 - t) / (1.0 + t)
+    x2 = x * x
+    small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (
+        -0.05396825396825397 + x2 * 0.021869488536155203))))
+    return tl.where(a < 0.3, small, tl.where(x < 0.0, -big, big))
+
+
+@triton.jit
+def expm1(x):
+    """e^x - 1 without cancellation near 0 (Kahan: (u - 1) x / log u with u = e^x)."""
+    u = tl.exp(x)
+    um1 = u - 1.0
+    r = tl.where(um1 == 0.0, x, um1 * x / tl.log(u))
+    return tl.where(u == float("inf"), u, tl.where(um1 == -1.0, -1.0, r))
+
+
+@triton.jit
+def log1p(x):
+    """log(1 + x) without cancellation near 0 (Kahan: log(u) x / (u - 1) with u = 1 + x)."""
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.where(u == float("inf"), u, tl.log(u) * x / (u - 1.0)))
+
+
+@triton.jit
+def sign(x):
+    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, x * 0.0))  # x * 0 keeps NaN and the zero
+
+
+@triton.jit
+def isnan(x):
+    return x != x
+
+
+@triton.jit
+def round_half_even(x):
+    """torch.round: to nearest, ties to even."""
+    r = tl.floor(x + 0.5)
+    tie = (r - x) == 0.5
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where(tie & odd, r - 1.0, r)
+
+
+@triton.jit
+def trunc(x):
+    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+
+
+@triton.jit
+def maximum_nan(a, b):
+    """Elementwise max where a NaN, once seen, stays (torch.amax propagates NaN)."""
+    return tl.where((b > a) | (b != b), b, a)
+
+
+@triton.jit
+def minimum_nan(a, b):
+    return tl.where((b < a) | (b != b), b, a)
+
+
+@triton.jit
+def max_rows(v):
+    """Max along axis 1, NaN if the row holds one (tl.max alone does not promise that)."""
+    has_nan = tl.max((v != v).to(tl.int32), axis=1)
+    return tl.where(has_nan > 0, float("nan"), tl.max(v, axis=1))
+
+
+@triton.jit
+def min_rows(v):
+    has_nan = tl.max((v != v).to(tl.int32), axis=1)
+    return tl.where(has_nan > 0, float("nan"), tl.min(v, axis=1))

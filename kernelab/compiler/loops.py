@@ -1,0 +1,204 @@
+"""Looped row reductions (rows longer than one block): one pass over the row per reduction step.
+
+Each value of a reduction group gets a *level*: the pass after which it is known. Pass L streams
+the row in blocks of RBLOCK, recomputes the pointwise prologue of the reductions whose input is
+known at L from the inputs, and accumulates them per lane; after the loop each accumulator is
+reduced across lanes, and the per-row epilogue that became computable is emitted. A last pass
+stores the full-size outputs. Two reductions share a pass when they can:
+
+* softmax's ``sum(exp(x - amax(x)))`` rides along with the max (online softmax: the running sum
+  is rescaled by e^(m - m') whenever the running max grows), so a softmax reads its row twice,
+  not three times;
+* var takes two steps (the mean, then the squared deviations: exact, no cancellation).
+"""
+from __future__ import annotations
+
+from . import fusion
+from .codegen import _Emitter, _correction, _emit_node, _full_load, _var
+from .ops_table import compute_type
+
+__all__ = ["looped_body", "online_pairs"]
+
+
+def _levels(group, online: dict) -> dict:
+    """Pass after which each value is known: a reduction step streams its input in pass L and is
+    known from pass L + 1 (var needs two steps: the mean, then the squared deviations); the sum of
+    an online softmax is known with its max."""
+    level = {}
+    for n in group.nodes:
+        base = max((level.get(p, 0) for p in n.all_input_nodes if p in group.roles), default=0)
+        if fusion.is_reduction(n):
+            base += 2 if fusion.reduction_kind(n) == "var" else 1
+        level[n] = level[online[n]] if n in online else base
+    return level
+
+
+_SAME_VALUE = {"aten.alias.default", "prims.broadcast_in_dim.default", "aten.expand.default",
+               "aten.view.default", "aten.unsqueeze.default", "aten._unsafe_view.default"}
+
+
+def _through_views(node, group):
+    while fusion.target_name(node) in _SAME_VALUE and node in group.roles:
+        node = node.args[0]
+    return node
+
+
+def online_pairs(group) -> dict:
+    """sum(exp(x - amax(x))) -> amax: the sum can be kept in the max's pass (online softmax),
+    rescaling the running sum whenever the running max grows. One read of the row saved."""
+    pairs = {}
+    for s in group.nodes:
+        if not fusion.is_reduction(s) or fusion.reduction_kind(s) != "sum":
+            continue
+        e = s.args[0]
+        if e not in group.roles or fusion.target_name(e) != "aten.exp.default":
+            continue
+        d = e.args[0]
+        if d not in group.roles or fusion.target_name(d) != "aten.sub.Tensor" or fusion.bound_args(d).get("alpha", 1) != 1:
+            continue
+        a = _through_views(d.args[1], group)
+        if (a in group.roles and fusion.is_reduction(a) and fusion.reduction_kind(a) == "max"
+                and a.args[0] is d.args[0] and fusion.value(a).dtype == fusion.value(s).dtype):
+            pairs[s] = a
+    return pairs
+
+
+def _closure(group, targets) -> list:
+    """Full nodes needed (transitively, through full nodes) to compute ``targets``, in order."""
+    need, stack = set(), list(targets)
+    while stack:
+        n = stack.pop()
+        if n in need or group.roles.get(n) != "full" or fusion.is_reduction(n):
+            continue
+        need.add(n)
+        stack.extend(p for p in n.all_input_nodes if p in group.roles)
+    return [n for n in group.nodes if n in need]
+
+
+def looped_body(em: _Emitter, loads) -> None:
+    group = em.group
+    online = online_pairs(group)
+    em.online = {a: s for s, a in online.items()}  # amax -> the sum that rides along
+    level = _levels(group, online)
+    steps = {}  # pass -> [(reduction node, step)]
+    for n in group.nodes:
+        if n in online:
+            continue
+        if fusion.is_reduction(n):
+            start = level[n] - (2 if fusion.reduction_kind(n) == "var" else 1)
+            steps.setdefault(start, []).append((n, 0))
+            if fusion.reduction_kind(n) == "var":
+                steps.setdefault(start + 1, []).append((n, 1))
+    full_outs = [n for n in group.outputs if group.roles[n] == "full"]
+    last = max([level[n] for n in full_outs], default=-1)
+    passes = sorted(set(steps) | ({last} if full_outs else set()))
+    done = set()
+    _emit_ready_rows(em, done, level, -1)
+    for p in passes:
+        _emit_pass(em, loads, p, steps.get(p, []), full_outs if p == last else [])
+        _emit_ready_rows(em, done, level, p)
+
+
+def _emit_ready_rows(em: _Emitter, done: set, level: dict, p: int) -> None:
+    """Row values (reductions finished, then their pointwise epilogue) known after pass p."""
+    for n in em.group.nodes:
+        if n in done or em.group.roles[n] != "row" or level[n] > p + 1:
+            continue
+        if fusion.is_reduction(n):
+            continue  # finalized by its pass
+        _emit_node(em, n)
+        done.add(n)
+
+
+_ACC = {"sum": ("0", "+"), "mean": ("0", "+"), "var": ("0", "+"), "max": ('float("-inf")', "max"),
+        "min": ('float("inf")', "min")}
+
+
+def _emit_pass(em: _Emitter, loads, p: int, steps: list, stores: list) -> None:
+    group = em.group
+    accumulated = [n.name for n, _ in steps] + [em.online[n].name + " (online)" for n, _ in steps if n in em.online]
+    em.emit(f"# pass {p}: stream the row in blocks of RBLOCK"
+            + (", accumulating " + ", ".join(accumulated) if steps else "")
+            + (", storing the full-size outputs" if stores else ""))
+    for n, step in steps:
+        fill, _ = _ACC[fusion.reduction_kind(n)]
+        em.emit(f"acc_{n.name}_{step} = tl.full([XBLOCK, RBLOCK], {fill}, {compute_type(fusion.value(n).dtype)})")
+        if n in em.online:
+            em.emit(f"acc_{em.online[n].name}_0 = tl.full([XBLOCK, RBLOCK], 0, {compute_type(fusion.value(n).dtype)})")
+    em.emit("for roff in range(0, n_cols, RBLOCK):")
+    em.indent = "        "
+    em.emit("cols = roff + tl.arange(0, RBLOCK)[None, :]")
+    em.emit("rmask = cols < n_cols")
+    em.emit("mask = xmask & rmask")
+    needed = _closure(group, [n.args[0] for n, _ in steps] + stores)
+    used = {p_ for n in needed + [s for s, _ in steps] for p_ in n.all_input_nodes}
+    for i, load in enumerate(loads):
+        if load.role == "full" and load.node in used:
+            _full_load(em, i, load)
+    for n in needed:
+        _emit_node(em, n)
+    for n, step in steps:
+        if n in em.online:
+            _accumulate_online(em, n, em.online[n])
+        else:
+            _accumulate(em, n, step)
+    for i, n in enumerate(group.outputs):
+        if n in stores:
+            em.emit(f"tl.store(out{i}_ptr + row * n_cols + cols, "
+                    f"tl.broadcast_to({_var(n)}, [XBLOCK, RBLOCK]).to(out{i}_ptr.dtype.element_ty), mask=mask)")
+    em.indent = "    "
+    for n, step in steps:
+        if n in em.online:
+            _finalize_online(em, n, em.online[n])
+        else:
+            _finalize(em, n, step)
+
+
+def _accumulate(em: _Emitter, n, step: int) -> None:
+    kind = fusion.reduction_kind(n)
+    want = compute_type(fusion.value(n).dtype)
+    em._load_role = "full"
+    x = f"tl.broadcast_to({em.operand(n.args[0], want)}, [XBLOCK, RBLOCK])"
+    acc = f"acc_{n.name}_{step}"
+    fill, how = _ACC[kind]
+    if how == "+":
+        term = f"tl.where(mask, {x} - {_var(n)}_mean, 0)" if kind == "var" and step == 1 else f"tl.where(mask, {x}, 0)"
+        em.emit(f"{acc} = {acc} + {term} * {term}" if kind == "var" and step == 1 else f"{acc} = {acc} + {term}")
+    else:
+        em.emit(f"{acc} = klm.{'maximum' if how == 'max' else 'minimum'}_nan({acc}, tl.where(mask, {x}, {fill}))")
+
+
+def _accumulate_online(em: _Emitter, a, s) -> None:
+    """Per lane: m' = max(m, x); sum = sum * e^(m - m') + e^(x - m'). Lanes that saw only -inf
+    keep a zero sum (never e^(-inf + inf)); a NaN makes the max NaN, and the sum with it."""
+    em._load_role = "full"
+    x = f"tl.broadcast_to({em.operand(a.args[0], compute_type(fusion.value(a).dtype))}, [XBLOCK, RBLOCK])"
+    m, acc = f"acc_{a.name}_0", f"acc_{s.name}_0"
+    em.emit(f"x_{a.name} = tl.where(mask, {x}, float(\"-inf\"))")
+    em.emit(f"m_new = klm.maximum_nan({m}, x_{a.name})")
+    em.emit(f"{acc} = {acc} * tl.where({m} == m_new, 1.0, tl.exp({m} - m_new))"
+            f" + tl.where(x_{a.name} == float(\"-inf\"), 0.0, tl.exp(x_{a.name} - m_new))")
+    em.emit(f"{m} = m_new")
+
+
+def _finalize_online(em: _Emitter, a, s) -> None:
+    m, acc = f"acc_{a.name}_0", f"acc_{s.name}_0"
+    em.names[a], em.names[s] = _var(a), _var(s)
+    em.emit(f"{_var(a)} = klm.max_rows({m})[:, None]")
+    em.emit(f"{_var(s)} = tl.sum(tl.where({m} == {_var(a)}, {acc}, {acc} * tl.exp({m} - {_var(a)})), axis=1)[:, None]")
+
+
+def _finalize(em: _Emitter, n, step: int) -> None:
+    kind = fusion.reduction_kind(n)
+    acc, v = f"acc_{n.name}_{step}", _var(n)
+    em.names[n] = v
+    if kind in ("max", "min"):
+        em.emit(f"{v} = klm.{kind}_rows({acc})[:, None]")
+    elif kind == "sum":
+        em.emit(f"{v} = tl.sum({acc}, axis=1)[:, None]")
+    elif kind == "mean":
+        em.emit(f"{v} = tl.sum({acc}, axis=1)[:, None] / n_cols")
+    elif step == 0:
+        em.emit(f"{v}_mean = tl.sum({acc}, axis=1)[:, None] / n_cols")
+    else:
+        em.emit(f"{v} = tl.sum({acc}, axis=1)[:, None] / (n_cols - {_correction(n)})")

@@ -1,0 +1,61 @@
+"""Shared helpers of the compiler tests: the interpreter, a fresh dynamo per test, tolerances.
+
+The generated kernels run under Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 must be set
+before Triton is imported; this file sets it when the run did not).
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.utils import _pytree as pytree  # noqa: E402
+
+#: (rtol, atol) per dtype against a float64 reference; atol is relative to the largest magnitude.
+TOLERANCE = {torch.float32: (2e-5, 2e-6), torch.float16: (4e-3, 2e-3)}
+
+
+def pytest_configure(config):
+    # the interpreter evaluates masked-out lanes too (exp(-inf + inf), log(0)): numpy complains
+    config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")
+    config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning")
+
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    """A compiler error fails the test instead of quietly falling back to ATen."""
+    monkeypatch.setenv("KERNELAB_STRICT", "1")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Every test compiles from scratch: no graph cached by an earlier test answers for it."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _interpreted():
+    from kernelab.compiler.runtime import interpreted
+
+    if not interpreted():
+        pytest.fail("triton was imported before TRITON_INTERPRET=1 was set: the tests would only see the fallback")
+
+
+def tensors(tree) -> list:
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def assert_close(actual, expected, dtype=torch.float32, what=""):
+    """Values (NaN where the reference has NaN, same infinities) within the dtype's tolerance."""
+    rtol, atol = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    if not expected.is_floating_point():
+        assert torch.equal(actual, expected), what
+        return
+    a, e = actual.double(), expected.double()
+    finite = torch.isfinite(e)
+    scale = e[finite].abs().max().item() if finite.any() else 1.0
+    torch.testing.assert_close(a, e, rtol=rtol, atol=atol * max(scale, 1.0), equal_nan=True, msg=lambda m: f"{what}: {m}")

@@ -1,0 +1,198 @@
+"""Plans without running kernels: kernel counts, bytes, refusals with reasons, explain output."""
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+
+import kernelab.compiler as klc
+from kernelab.compiler import graph
+from kernelab.programs import all_programs
+from kernelab.traffic import kernel_bytes
+from tests.compiler.test_golden import forward_groups
+
+MB4 = 4096 * 1024 * 4
+
+
+def _names(kernels):
+    return [k.name for k in kernels]
+
+
+@pytest.mark.parametrize("program, expected", [
+    ("add_relu", ["kl_fused_add_relu"]),
+    ("softmax", ["kl_fused_amax_sub_exp_sum_div"]),
+    ("rms_norm_manual", ["kl_fused_pow_mean_add_rsqrt_mul"]),
+    ("gelu_affine", ["kl_fused_mul_add_erf"]),
+    ("outer_add", ["kl_fused_add"]),
+])
+def test_one_kernel_per_program(program, expected):
+    p = all_programs()[program]
+    assert _names(klc.plan_kernels(p.make_target(), p.make_args(), {})) == expected
+
+
+def test_layer_norm_is_one_kernel_and_its_backward_one_more_plus_column_sums():
+    p = all_programs()["layer_norm_backward"]
+    names = _names(klc.plan_kernels(p.make_target(), p.make_args(), {}))
+    generated = [n for n in names if n.startswith("kl_fused_")]
+    assert len(generated) == 2, names  # forward, and the row part of the backward
+    assert names.count("sum") == 2  # weight and bias gradients: column sums, left to ATen
+
+
+def test_bytes_of_the_fused_kernel_are_its_inputs_and_outputs():
+    p = all_programs()["silu_gate"]
+    (kernel,) = klc.plan_kernels(p.make_target(), p.make_args(), {})
+    assert kernel_bytes(kernel) == (2 * MB4, MB4)
+
+
+def test_library_ops_keep_their_eager_kernels():
+    p = all_programs()["addmm_relu"]
+    names = _names(klc.plan_kernels(p.make_target(), p.make_args(), {}))
+    assert names[0].startswith("gemm") and names[1] == "kl_fused_relu", names
+
+
+def test_graph_breaks_count_their_eager_ops():
+    def fn(x):
+        y = x.sin() + 1
+        torch._dynamo.graph_break()
+        return y.cos() * 2
+
+    names = _names(klc.plan_kernels(fn, (torch.randn(100),), {}))
+    assert names == ["kl_fused_sin_add", "kl_fused_cos_mul"]
+
+
+def test_plan_does_not_touch_the_callers_tensors():
+    p = all_programs()["inplace_chain"]
+    (x,) = p.make_args()
+    before = x.clone()
+    klc.plan_kernels(p.make_target(), (x,), {})
+    assert torch.equal(x, before)
+
+
+def test_explain_prints_groups_bytes_and_reasons():
+    x, w = torch.randn(64, 32), torch.randn(32, 16)
+    plan = klc.explain(lambda x, w: torch.softmax(x @ w, -1).sum(0), x, w)
+    text = io.StringIO()
+    Console(file=text, width=200).print(plan)
+    out = text.getvalue()
+    assert "kl_fused_amax_sub_exp_sum_div" in out
+    assert "cuBLAS" in out and "other dims than the last" in out
+    d = plan.to_dict()
+    json.dumps(d)
+    (group,) = d["graphs"][0]["groups"]
+    assert group["bytes_after"] < group["bytes_before"]
+
+
+@pytest.mark.parametrize("fn, node_reason", [
+    (lambda x: x.pow(2.5) + 1, "no exact short Triton expression"),
+    (lambda x: x.sum(0) * 2, "other dims than the last"),
+    (lambda x: (x + 1).t() * 2, None),  # a transpose between two groups: both still fuse
+    (lambda x: (x + 1).t().contiguous() * x, None),  # square: a transpose keeps the shape, not the values
+])
+def test_refusals_carry_reasons(fn, node_reason):
+    found = []
+
+    def fw(gm, example_inputs):
+        found.append(graph.partition(gm))
+        return gm.forward
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from kernelab.compiler.backend import decompositions
+
+    backend = aot_autograd(fw_compiler=lambda gm, ex: make_boxed_func(fw(gm, ex)), decompositions=decompositions())
+    x = torch.randn(8, 8)
+    torch.compile(fn, backend=backend)(x)
+    reasons = [why for why in found[0].eager.values() if why]
+    if node_reason is None:
+        assert len(found[0].groups) == 2 and not reasons
+        first = found[0].groups[0]
+        assert [n.name for n in first.nodes] == ["add"]  # the transposed value is written, then read
+    else:
+        assert any(node_reason in why for why in reasons), reasons
+
+
+def test_row_value_groups_merge_into_their_reduction():
+    """rsqrt(var + eps) and the normalization land in one kernel with the statistics."""
+    groups = forward_groups(lambda x, w: F.layer_norm(x, (32,), w, None), torch.randn(8, 32), torch.randn(32))
+    assert len(groups) == 1 and groups[0].kind == "reduction"
+    assert {groups[0].roles[n] for n in groups[0].nodes} == {"row", "full"}
+
+
+def test_fallback_without_interpreter_or_gpu():
+    """No CUDA and no TRITON_INTERPRET: right answers from ATen, and the reason said once."""
+    code = (
+        "import warnings, torch, kernelab.compiler as klc\n"
+        "warnings.simplefilter('default')\n"
+        "f = klc.compile(lambda a, b: torch.softmax((a + b).relu(), -1))\n"
+        "a, b = torch.randn(4, 33), torch.randn(4, 33)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('default')\n"
+        "    for _ in range(3): out = f(a, b)\n"
+        "said = [str(x.message) for x in w if 'kernelab' in str(x.message)]\n"
+        "assert torch.allclose(out, torch.softmax((a + b).relu(), -1))\n"
+        "print(len(said), said[0])\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    count, message = res.stdout.strip().split(" ", 1)
+    assert count == "1" and "TRITON_INTERPRET" in message
+
+
+def test_plan_of_meta_tensors_needs_no_memory():
+    """A billion-element plan from meta tensors: sizes only, nothing allocated or computed."""
+    a, b = torch.empty(10**9, device="meta"), torch.empty(10**9, device="meta")
+    (kernel,) = klc.plan_kernels(lambda a, b: (a + b).relu(), (a, b), {})
+    assert kernel.name == "kl_fused_add_relu" and kernel_bytes(kernel) == (8 * 10**9, 4 * 10**9)
+
+
+def test_plan_trace_feeds_the_traffic_model():
+    """Inputs, outputs and kernels share one storage numbering: a fused chain moves its ideal
+    bytes and has no round trip; the layer norm backward has exactly its unfused round trips."""
+    from kernelab.traffic import ideal_bytes, round_trips
+
+    p = all_programs()["silu_gate"]
+    trace, kernels = klc.plan_trace(p.make_target(), p.make_args(), {})
+    assert ideal_bytes(trace, kernels) == 3 * MB4 and round_trips(kernels) == []
+    p = all_programs()["layer_norm_backward"]
+    trace, kernels = klc.plan_trace(p.make_target(), p.make_args(), {})
+    assert len(trace.inputs) == 4 and ideal_bytes(trace, kernels) > 0
+    assert all(t.writer < min(t.readers) for t in round_trips(kernels))
+
+
+def test_backend_by_name_and_debug_output(capfd, monkeypatch):
+    """backend="kernelab" resolves once kernelab.compiler is imported; KERNELAB_DEBUG=3 prints the
+    decisions and the generated source."""
+    monkeypatch.setenv("KERNELAB_DEBUG", "3")
+    x = torch.randn(5, 40)
+    out = torch.compile(lambda t: torch.sigmoid(t) * 2, backend="kernelab")(x)
+    torch.testing.assert_close(out, torch.sigmoid(x) * 2)
+    err = capfd.readouterr().err
+    assert "group kl_fused_sigmoid_mul" in err and "@triton.jit" in err
+
+
+def test_a_kernel_that_fails_to_build_falls_back_to_aten(monkeypatch):
+    """Outside strict mode, a group whose kernel cannot be generated runs as ATen, said once."""
+    from kernelab.compiler import runtime
+
+    monkeypatch.setenv("KERNELAB_STRICT", "0")
+    monkeypatch.setattr(runtime, "kernel_module", lambda source, name: 1 / 0)
+    x = torch.randn(6, 10)
+    with pytest.warns(UserWarning, match="kl_fused_exp_mul runs as ATen ops"):
+        out = klc.compile(lambda t: t.exp() * 3)(x)
+    torch.testing.assert_close(out, x.exp() * 3)
+
+
+def test_a_smaller_private_operand_is_recomputed_inside_the_bigger_kernel():
+    """A causal mask built as (S, S) and used only by (B, S, S) scores joins their softmax kernel."""
+    def scores(s):
+        mask = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        return torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
+
+    s = torch.randn(2, 9, 9)
+    plan = klc.explain(scores, s)
+    assert [len(g.groups) for g in plan.graphs] == [1], plan.graphs[0].decisions()
+    torch.testing.assert_close(klc.compile(scores)(s), scores(s))
