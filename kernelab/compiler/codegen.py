@@ -174,12 +174,7 @@ def pointwise_source(group, rank: int) -> str:
     em.emit("    start = tl.program_id(0) * BLOCK")
     em.emit("offs = start + tl.arange(0, BLOCK)")
     em.emit(f"# coordinates of each element in the collapsed {rank}-d iteration space")
-    rest = "offs"
-    for d in range(rank - 1, 0, -1):
-        em.emit(f"i{d} = {rest} % size{d}")
-        em.emit(f"q{d} = {rest} // size{d}")
-        rest = f"q{d}"
-    em.emit(f"i0 = {rest}")
+    _emit_coordinates(em, "offs", "i", rank)
     for t in tensors:
         em.emit(f"{t}_off = " + " + ".join(f"i{d} * {t}_stride{d}" for d in range(rank)))
     em.emit("if start + BLOCK <= numel:")
@@ -190,6 +185,16 @@ def pointwise_source(group, rank: int) -> str:
     em.emit("    mask = offs < numel")
     _pointwise_body(em, loads, outs, "mask")
     return "\n".join(src + em.lines) + "\n"
+
+
+def _emit_coordinates(em: _Emitter, linear: str, prefix: str, rank: int) -> None:
+    """Split a linear index into per-dim coordinates {prefix}0..{prefix}{rank-1} (last dim fastest)."""
+    rest = linear
+    for d in range(rank - 1, 0, -1):
+        em.emit(f"{prefix}{d} = {rest} % size{d}")
+        em.emit(f"q{d} = {rest} // size{d}")
+        rest = f"q{d}"
+    em.emit(f"{prefix}0 = {rest}")
 
 
 def _pointwise_body(em: _Emitter, loads, outs, mask) -> None:
@@ -236,12 +241,7 @@ def reduction_source(group, rank: int, persistent: bool) -> str:
     em.emit("    row = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
     em.emit("xmask = row < rows")
     em.emit(f"# coordinates of each row in the collapsed {rank}-d leading dims")
-    rest = "row"
-    for d in range(rank - 1, 0, -1):
-        em.emit(f"r{d} = {rest} % size{d}")
-        em.emit(f"q{d} = {rest} // size{d}")
-        rest = f"q{d}"
-    em.emit(f"r0 = {rest}")
+    _emit_coordinates(em, "row", "r", rank)
     for t in ins:
         em.emit(f"{t}_row = " + " + ".join(f"r{d} * {t}_stride{d}" for d in range(rank)))
     # row-role loads: one value per row, read before any pass
