@@ -77,7 +77,7 @@ def count(target, *args, mode: str = "eager", predict: bool | None = None, profi
     if not predict and not gpu_available():
         raise KernelabError("measuring needs a CUDA GPU and none is available; use predict=True")
     if predict:
-        report = _predict(target, args, kwargs, mode, _profile(profile), name)
+        report = _predict_or_explain(target, args, kwargs, mode, _profile(profile), name)
     else:
         report = _measure(target, args, kwargs, mode, name)
     report.debug(debug_level(), sys.stderr)
@@ -126,6 +126,15 @@ def predicted_wall_us(mode: str, kernel_us: list[float], profile: hardware.Devic
     """A call costs its device time or its host time, whichever is longer."""
     host = profile.compiled_call_us if mode != "eager" else profile.eager_op_us * len(kernel_us)
     return max(sum(kernel_us), host)
+
+
+def _predict_or_explain(target, args, kwargs, mode, profile, name) -> Report:
+    from .capture import DataDependentError
+
+    try:
+        return _predict(target, args, kwargs, mode, profile, name)
+    except DataDependentError as exc:
+        raise KernelabError(str(exc)) from exc
 
 
 def _predict(target, args, kwargs, mode, profile, name) -> Report:

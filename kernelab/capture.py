@@ -380,10 +380,29 @@ def capture(target, args=(), kwargs=None, *, fake: bool = True, device=None) -> 
     with contextlib.ExitStack() as stack:
         for m in modes:
             stack.enter_context(m)
-        result = prepared.call()
+        result = _call(prepared, fake)
     outputs = _function_outputs(result, recorder, prepared, ids)
     trace_device = "cuda" if fake else str(device or "cpu")
     return OpTrace(recorder.ops, inputs, outputs, trace_device)
+
+
+class DataDependentError(RuntimeError):
+    """The function branches on tensor values: which kernels run depends on data nobody has."""
+
+
+def _call(prepared: Prepared, fake: bool):
+    if not fake:
+        return prepared.call()
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    try:
+        return prepared.call()
+    except (GuardOnDataDependentSymNode, DataDependentOutputException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataDependentError(
+            f"the function's control flow depends on tensor values ({first}); without a GPU nothing runs, "
+            "so its kernels cannot be predicted: measure it on a GPU, or branch on shapes instead") from exc
 
 
 def _function_outputs(result, recorder, prepared, ids) -> list[TensorInfo]:

@@ -104,3 +104,14 @@ def test_short_kernel_names_for_tables(full, short):
     from kernelab.report import short_kernel_name
 
     assert short_kernel_name(full) == short
+
+
+def test_data_dependent_control_flow_is_refused_with_a_reason():
+    def branchy(x):
+        return x * 2 if bool((x > 0).any()) else x
+
+    with pytest.raises(KernelabError, match="control flow depends on tensor values"):
+        kernelab.count(branchy, torch.randn(4, 8), predict=True)
+    # data-dependent sizes alone are fine: estimated, and the kernels are known
+    r = kernelab.count(lambda x: x[x > 0] * 2, torch.randn(1000), predict=True)
+    assert r.categories[:1] == ["pointwise"] and "memcpy" in r.categories
