@@ -91,10 +91,10 @@ def _profile(name: str | None) -> hardware.DeviceProfile:
         raise KernelabError(str(exc)) from None
 
 
-def _traffic_fields(trace: OpTrace, specs: list[KernelSpec], ctx: Context) -> dict:
+def _traffic_fields(trace: OpTrace, specs: list[KernelSpec], ctx: Context, mode: str) -> dict:
     """Round trips are the mode's own; the ideal traffic belongs to the function, so every mode
     measures it on the same (eager) reading of the trace."""
-    eager = lower_eager(trace, ctx)
+    eager = specs if mode == "eager" else lower_eager(trace, ctx)
     return {"largest_array_bytes": largest_array_bytes(trace, eager), "ideal_bytes": ideal_bytes(trace, eager),
             "round_trips": round_trips(specs)}
 
@@ -146,7 +146,7 @@ def _predict(target, args, kwargs, mode, profile, name) -> Report:
     return Report(mode, name, False, f"{profile.name} (profile: {profile.source})", kernels,
                   wall_time_us=predicted_wall_us(mode, times, profile),
                   notes=[f"predicted from the {profile.name} profile; nothing ran"],
-                  **_traffic_fields(trace, specs, Context(profile.arch)))
+                  **_traffic_fields(trace, specs, Context(profile.arch), mode))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def _measure(target, args, kwargs, mode, name) -> Report:
     kernels = [_measured_kernel(dk, spec, ceilings) for dk, spec in attribute(measured, specs, mode)]
     wall = time_call(lambda: fn(*prepared.args), prepared.reset_grads)
     notes = [f"measured on {gpu}, torch {torch.__version__}; ceilings: copy {ceilings.copy_bandwidth / 1e12:.2f} TB/s"]
-    return Report(mode, name, True, gpu, kernels, wall_time_us=wall, notes=notes, **_traffic_fields(trace, specs, ctx))
+    return Report(mode, name, True, gpu, kernels, wall_time_us=wall, notes=notes, **_traffic_fields(trace, specs, ctx, mode))
 
 
 # ---------------------------------------------------------------------------------------------

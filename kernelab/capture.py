@@ -178,8 +178,8 @@ def _bind_arguments(func, args, kwargs) -> dict[str, Any]:
     return bound
 
 
-def _mutated_inputs(func, args, kwargs) -> list[torch.Tensor]:
-    bound = _bind_arguments(func, args, kwargs)
+def _mutated_inputs(func, bound: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors bound to schema arguments marked as written (``Tensor(a!)``)."""
     out = []
     for schema_arg in func._schema.arguments:
         if schema_arg.alias_info is not None and schema_arg.alias_info.is_write:
@@ -230,9 +230,10 @@ class _Recorder(TorchDispatchMode):
 
     def record(self, func, args, kwargs, out) -> None:
         """One ATen op: its tensors, the inputs it writes in place, its schema arguments."""
-        mutated = _mutated_inputs(func, args, kwargs)
+        bound = _bind_arguments(func, args, kwargs)
+        mutated = _mutated_inputs(func, bound)
         written = {self.ids.info(m).region for m in mutated}
-        self.append(_op_name(func), self.info_tree(_bind_arguments(func, args, kwargs)), (args, kwargs), out,
+        self.append(_op_name(func), self.info_tree(bound), (args, kwargs), out,
                     mutated=[self.ids.info(m) for m in mutated], written=written, is_view=_is_view(func))
 
     def append(self, name, args_by_name, inputs, out, mutated=(), written=frozenset(), is_view=False) -> None:
