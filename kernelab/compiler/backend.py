@@ -100,6 +100,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str):
     graph_plan = plan.GraphPlan.build(kind, gm, part, time.perf_counter() - t0, None if runnable else why)
     if _debug() >= 1:  # 1: a line per graph; 2: a line per group, op left to ATen, refusal
         print(graph_plan.decisions() if _debug() >= 2 else graph_plan.summary(), file=sys.stderr)
+    if _debug() >= 3 and runner.source:  # 3: also the generated runner and every kernel's source
+        print(runner.source, file=sys.stderr)
 
     def call(args):
         recorder = ACTIVE_PLAN[0]

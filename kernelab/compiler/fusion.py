@@ -142,7 +142,7 @@ def keepdim(node) -> bool:
 
 
 def classify(node: fx.Node) -> tuple[str, str]:
-    """(kind, reason): kind is pointwise | reduction | view | constant | eager."""
+    """(kind, reason): kind is pointwise | reduction | column | view | constant | eager."""
     name = target_name(node)
     val = value(node)
     if node.target.__module__ == "_operator" or isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -203,7 +203,8 @@ def _pointwise_refusal(node, name) -> str:
     if name in ("aten.bitwise_not.default",) and value(node).dtype != torch.bool:
         return "bitwise_not of integers is not generated"
     if name in ("aten._to_copy.default",) and (args.get("device") not in (None, value(node).device)
-                                               or args.get("memory_format") not in (None, torch.preserve_format)):
+                                               or args.get("memory_format") not in (None, torch.preserve_format,
+                                                                                    torch.contiguous_format)):
         return "a copy to another device or memory format"
     return ""
 
@@ -216,8 +217,11 @@ def _classify_reduction(node) -> tuple[str, str]:
     rank = value(src).dim()
     red = bound_args(node).get(dim_key)
     red = [red] if isinstance(red, int) else list(red or [])
+    if rank >= 2 and red and sorted(d % rank for d in red) == list(range(rank - 1)):
+        return _classify_column(node, kind)
     if rank == 0 or not red or sorted(d % rank for d in red) != [rank - 1]:
-        return "eager", "a reduction over other dims than the last one (column or full reductions split across blocks)"
+        return "eager", ("a reduction over some dims that is neither over the last dim (rows) nor over all "
+                         "the leading dims (columns)")
     if kind in ("max", "min", "var") and not value(src).is_floating_point():
         return "eager", f"{kind} of integers is not generated"
     shape = value(src).shape
@@ -229,6 +233,21 @@ def _classify_reduction(node) -> tuple[str, str]:
         return "eager", (f"{rows} rows of {n}: one program per row would leave the GPU idle; "
                          "ATen splits long rows across blocks")
     return "reduction", ""
+
+
+def _classify_column(node, kind: str) -> tuple[str, str]:
+    """A reduction over every dim but the last (a bias or norm-weight gradient): one value per
+    column, generated for float sums and means."""
+    if kind not in ("sum", "mean"):
+        return "eager", f"{short_name(node)} over the leading dims is not generated (sums and means are)"
+    if not value(node).is_floating_point():
+        return "eager", "an integer sum over the leading dims is not generated"
+    return "column", ""
+
+
+def is_column_reduction(node) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and is_reduction(node) \
+        and classify(node)[0] == "column"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,6 +274,10 @@ def role_in(group, node, kind: str) -> tuple[str | None, str]:
     """The role ``node`` would have in ``group`` ("full" or "row"), or (None, why not)."""
     shape = dims(node)
     inside = [p for p in node.all_input_nodes if p in group.roles]
+    if group.kind == "column":
+        return _column_role(group, node, kind, shape, inside)
+    if kind == "column":
+        return None, "a reduction over the leading dims gets a kernel of its own"
     if kind == "reduction":
         src = node.args[0]
         external = src not in group.roles
@@ -272,6 +295,21 @@ def role_in(group, node, kind: str) -> tuple[str | None, str]:
     if group.kind == "reduction" and is_row_shaped(shape, group) and all(group.roles[p] == "row" for p in inside):
         return "row", ""
     return None, f"shape {_fmt(shape)} fits neither the group's {_fmt(group.shape)} nor its rows"
+
+
+def col_shape(group) -> tuple:
+    """One value per column of a column group: its last dim."""
+    return tuple(group.shape[-1:])
+
+
+def _column_role(group, node, kind, shape, inside) -> tuple[str | None, str]:
+    """After a column reduction only per-column pointwise ops (casts, scaling, views dropping size-1
+    dims) join its kernel; they run once per column, in the program that finishes the column."""
+    if kind not in ("pointwise", "view") or not inside:
+        return None, "a column reduction's kernel takes only per-column ops of its results"
+    if _strip(shape) != _strip(col_shape(group)) or any(group.roles[p] != "col" for p in inside):
+        return None, f"shape {_fmt(shape)} is not one value per column of {_fmt(group.shape)}"
+    return "col", ""
 
 
 def broadcasts_to(shape, target) -> bool:

@@ -8,13 +8,21 @@ kernel would result. Pointwise groups feeding it are then merged in when their s
 shape; one value per row of a reduction; a smaller shape that broadcasts, if nothing else reads
 it). Everything else runs as ATen, with the reason recorded.
 
-Two kinds of group:
+Three kinds of group:
 
 * ``pointwise``: nodes have the group's shape S (or a smaller private shape that broadcasts to
   it, recomputed at every element); inputs broadcast to S.
 * ``reduction``: rows of a full shape S = (..., N) reduced over the last dim. Nodes are ``full``
   (shape S, one value per element) or ``row`` (one value per row: shape S[:-1] + (1,) or S[:-1]).
   Softmax, layer norm and RMS norm written from primitives each become one such group.
+* ``column``: reductions over every dim but the last of one full shape S = (..., C) (bias and
+  norm-weight gradients), with their pointwise prologue and per-column epilogue. Nodes are
+  ``full`` or ``col`` (one value per column). Before placing anything, each cluster of such
+  reductions takes the pointwise chain feeding it (``private_column_prologues``): as its own
+  copy when another generated kernel reads the chain too (the kernel recomputes ``dy * xhat``
+  from ``dy``, ``x``, mean and rstd instead of reading a full-size intermediate another kernel
+  would have to write), or the chain itself when only ATen ops read it (GELU's backward feeding
+  both the bias gradient and a matmul: computed once, written once, summed on the way).
 """
 from __future__ import annotations
 
@@ -30,10 +38,10 @@ __all__ = ["Group", "Partition", "partition"]
 @dataclass
 class Group:
     gid: int
-    kind: str  # "pointwise" | "reduction"
+    kind: str  # "pointwise" | "reduction" | "column"
     shape: tuple  # the full iteration shape S (sizes as ints or sympy expressions)
     nodes: list = field(default_factory=list)  # fx.Nodes in graph order
-    roles: dict = field(default_factory=dict)  # node -> "full" | "row"
+    roles: dict = field(default_factory=dict)  # node -> "full" | "row" | "col"
     inputs: list = field(default_factory=list)  # external tensor nodes, in first-use order
     scalars: list = field(default_factory=list)  # external symbolic scalars (SymInt/SymFloat nodes)
     outputs: list = field(default_factory=list)  # nodes whose values are needed outside the group
@@ -64,6 +72,7 @@ class Partition:
 
 
 def partition(gm: fx.GraphModule) -> Partition:
+    private_column_prologues(gm)
     state = _State(gm)
     for node in gm.graph.nodes:
         if node.op == "call_function":
@@ -79,9 +88,13 @@ class _State:
         self.group_of: dict = {}
         self.eager: dict = {}
         self.refusals: list = []
+        self.columns: dict = {}  # column cluster id -> Group
         self.index = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     def place(self, node: fx.Node) -> None:
+        if COLUMN_TAG in node.meta:
+            self._place_column(node)
+            return
         kind, reason = fusion.classify(node)
         if kind in ("eager", "constant"):
             self.eager[node] = reason
@@ -108,6 +121,15 @@ class _State:
         self.groups.append(group)
         self._add(group, node, "full" if kind != "reduction" else "row")
         self._merge_siblings(group, node)
+
+    def _place_column(self, node: fx.Node) -> None:
+        """A column reduction or a node of its private prologue: into its cluster's group."""
+        cluster = node.meta[COLUMN_TAG]
+        group = self.columns.get(cluster)
+        if group is None:
+            group = self.columns[cluster] = Group(len(self.groups), "column", node.meta[COLUMN_SHAPE])
+            self.groups.append(group)
+        self._add(group, node, "col" if fusion.is_reduction(node) else "full")
 
     def _producer_groups(self, node):
         seen = []
@@ -166,6 +188,9 @@ class _State:
         outside the two groups reads it."""
         if other.kind != "pointwise":
             return None
+        if group.kind == "column":  # per-column values only, computed after the reduction
+            return "col" if fusion.padded(other.shape, 1)[-1:] == fusion.col_shape(group) and \
+                all(s == 1 for s in other.shape[:-1]) else None
         if other.shape == group.shape:
             return "full"
         if group.kind == "reduction" and fusion.padded(other.shape, len(group.shape)) == fusion.row_shape(group):
@@ -204,3 +229,119 @@ def _finish(group: Group, group_of: dict) -> None:
                 target.append(p)
         if any(u not in members for u in n.users):
             group.outputs.append(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# column reductions: private prologues
+
+COLUMN_TAG, COLUMN_SHAPE = "kl_column", "kl_column_shape"
+#: A private prologue may read at most this many full-size tensors; beyond that, reading the one
+#: intermediate its producer writes costs fewer bytes than recomputing it.
+MAX_PROLOGUE_INPUTS = 4
+
+
+def private_column_prologues(gm: fx.GraphModule) -> None:
+    """Tag every column reduction with a cluster (reductions of one full shape that do not depend
+    on each other share a kernel) and give each cluster its own copy of the pointwise chain that
+    feeds it. The originals stay for their other users; copies nobody else reads are private to
+    the cluster's kernel. Idempotent: a graph already tagged is left as it is."""
+    nodes = list(gm.graph.nodes)
+    if any(COLUMN_TAG in n.meta for n in nodes):
+        return
+    index = {n: i for i, n in enumerate(nodes)}
+    clusters: list[dict] = []
+    for r in nodes:
+        if not fusion.is_column_reduction(r):
+            continue
+        shape = fusion.dims(r.args[0])
+        # a reduction that reads anything the cluster's kernel computes (a member, or a moved chain
+        # whose value a matmul turns into this reduction's input) needs a kernel of its own
+        cluster = next((c for c in clusters if c["shape"] == shape
+                        and not _reads_any(r, c["computed"], index)), None)
+        if cluster is None:
+            cluster = {"id": len(clusters), "shape": shape, "members": [], "computed": [], "copies": {}}
+            clusters.append(cluster)
+        cluster["members"].append(r)
+        cluster["computed"].append(r)
+        r.meta[COLUMN_TAG], r.meta[COLUMN_SHAPE] = cluster["id"], shape
+        chain = _prologue(r.args[0], shape)
+        if chain is None:
+            continue
+        if _must_copy(chain, cluster, shape):
+            _copy_into(gm, r, chain, cluster, index)
+        else:  # only ATen ops (a matmul) or the graph's output read it too: compute it here, write it once
+            for n in chain:
+                n.meta.setdefault(COLUMN_TAG, cluster["id"])
+                n.meta.setdefault(COLUMN_SHAPE, shape)
+            cluster["computed"].extend(chain)
+    if clusters:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+
+
+def _prologue(start, shape) -> list | None:
+    """The pointwise nodes (graph order unknown yet) that compute ``start`` from tensors of at most
+    ``shape``; None when there are none or when they read too many full-size tensors."""
+    chain, leaves, stack, seen = [], set(), [start], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if fusion.is_constant(n) or fusion.is_scalar(n):
+            continue
+        if isinstance(n, fx.Node) and n.op == "call_function" and fusion.classify(n)[0] == "pointwise" \
+                and fusion.broadcasts_to(fusion.dims(n), shape):
+            chain.append(n)
+            stack.extend(n.all_input_nodes)
+        elif fusion.is_tensor_node(n) and fusion.dims(n) == tuple(shape):
+            leaves.add(n)
+    if not chain or len(leaves) > MAX_PROLOGUE_INPUTS:
+        return None
+    return chain
+
+
+def _must_copy(chain, cluster, shape) -> bool:
+    """Is moving ``chain`` into the cluster's kernel wrong or wasteful? It is when a generated
+    kernel outside reads one of its nodes (that kernel would then read a full-size value the column
+    kernel writes), when another cluster took a node already, or when a node read outside is
+    smaller than the full shape (the column kernel writes full-size values only)."""
+    inside = set(chain) | set(cluster["members"])
+    for n in chain:
+        if COLUMN_TAG in n.meta and n.meta[COLUMN_TAG] != cluster["id"]:
+            return True
+        outside = [u for u in n.users if u not in inside]
+        if outside and fusion.dims(n) != tuple(shape):
+            return True
+        if any(u.op == "call_function" and fusion.classify(u)[0] not in ("eager", "view") for u in outside):
+            return True
+    return False
+
+
+def _copy_into(gm, reduction, chain, cluster, index) -> None:
+    """Copies of ``chain`` (once per cluster) just before ``reduction``, which then reads them."""
+    copies = cluster["copies"]
+    with gm.graph.inserting_before(reduction):
+        for n in sorted(chain, key=index.__getitem__):
+            if n in copies:
+                continue
+            c = gm.graph.node_copy(n, lambda a: copies.get(a, a))
+            c.meta[COLUMN_TAG], c.meta[COLUMN_SHAPE] = cluster["id"], cluster["shape"]
+            copies[n] = c
+    reduction.args = fx.node.map_arg(reduction.args, lambda a: copies.get(a, a))
+
+
+def _reads_any(node, members, index) -> bool:
+    """Does ``node`` (transitively) read any of ``members``?"""
+    targets = set(members)
+    lowest = min(index[m] for m in members)
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in targets:
+            return True
+        if n in seen or index.get(n, len(index)) < lowest:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return False

@@ -36,7 +36,7 @@ def _nbytes(node) -> int:
 @dataclass
 class GroupPlan:
     name: str
-    kind: str  # pointwise | reduction
+    kind: str  # pointwise | reduction | column
     ops: list  # "sub_1 = sub" per node
     inputs: int
     outputs: int
@@ -198,7 +198,8 @@ class _Hooks:
         writes = [info(env[n]) for n in group.outputs]
         numel = max((w.numel for w in writes), default=0)
         ops = [s for s in (fusion.short_name(n) for n in group.nodes) if s]
-        self.rec.kernels.append(KernelSpec(group.name, group.kind, ops, reads, writes,
+        category = "reduction" if group.kind == "column" else group.kind
+        self.rec.kernels.append(KernelSpec(group.name, category, ops, reads, writes,
                                            flops=float(numel * len(ops))))
 
 

@@ -31,6 +31,7 @@ from . import codegen, fusion, ops_table
 __all__ = ["GraphRunner", "kernel_module", "cache_dir"]
 
 INT32_MAX = 2**31 - 1
+META = torch.device("meta")
 # Longest row (a power of two) kept in registers by one block. Interpreted: 4096, so that the
 # tests' 4097-long rows take the looped path.
 PERSISTENT_MAX = {"gpu": 8192, "interpreter": 4096}
@@ -129,6 +130,105 @@ class _Call:
     outs: list
     device: object
     launched: bool = False  # compiled and launched once without error
+    direct: "_DirectLaunch | None" = None  # Triton's launcher, bound once (GPU only)
+    move: tuple = ()  # inputs on another device than the kernel's (0-d CPU scalars): copied per call
+    workspace: int = 0  # float32 values of scratch a column reduction's splits need per launch
+    counters: object = None  # a column reduction's per-column-block arrival counters (int32, zeroed once)
+
+    def scratch(self) -> tuple:
+        """The column template's (workspace, counters) arguments; nothing for other kernels."""
+        if self.counters is None:
+            return ()
+        work = torch.empty(self.workspace, dtype=torch.float32, device=self.device) if self.workspace else self.counters
+        return work, self.counters
+
+
+# ---------------------------------------------------------------------------------------------
+# launching without Triton's per-call work
+
+
+def _specialization(arg):
+    """What Triton specializes a launch argument on: a pointer on 16-byte alignment, an integer on
+    equality to 1 and divisibility by 16; anything else on nothing (a float is passed as is)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.data_ptr() % 16 == 0
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        return (arg == 1, arg % 16 == 0)
+    return None
+
+
+def _hooked(hook) -> bool:
+    """A launch hook is installed (a profiler such as proton): Triton >= 3.6 keeps an empty
+    HookChain where older versions keep None."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _no_direct(call: _Call, why: str) -> None:
+    if debug_level() >= 2:
+        name = getattr(call.kernel, "__name__", "a kernel")
+        print(f"kernelab: {name} launches through kernel[grid](...): {why}", file=sys.stderr)
+    return None
+
+
+@dataclass
+class _DirectLaunch:
+    """Triton's compiled launcher for one cached call, bound once.
+
+    ``kernel[grid](*args)`` binds the arguments to the signature, computes their specialization
+    key and looks the binary up, every time: tens of microseconds of Python for a kernel that may
+    run for two. A cached call's integer arguments and output pointers never change, so only the
+    inputs' alignment (and the symbolic scalars) can select another binary; while they match the
+    first launch's, the binary's launcher is called directly with the same argument list Triton
+    passes it (every bound argument, constexprs included, in signature order; Triton >= 3.3).
+    Anything else (a profiler's launch hook, other alignment) takes the ordinary path.
+    """
+
+    compiled: object
+    grid: tuple
+    constexprs: tuple
+    key: tuple
+    device_index: int
+    stream_of: object
+    knobs: object
+
+    @classmethod
+    def bind(cls, call: _Call, compiled, args, varying) -> "_DirectLaunch | None":
+        try:
+            import triton
+            from triton import knobs
+            from triton.runtime.driver import driver
+
+            if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 3):
+                return _no_direct(call, f"Triton {triton.__version__} < 3.3 passes other launcher arguments")
+            names = list(call.kernel.arg_names)
+            constexpr_names = names[len(args):]
+            if len(args) > len(names) or sorted(constexpr_names) != sorted(k for k in call.meta if k != "num_warps"):
+                return _no_direct(call, f"signature {names} does not end in the constexprs {list(call.meta)}")
+            if hasattr(compiled, "result"):  # an asynchronous compile's future
+                compiled = compiled.result()
+            compiled._init_handles()
+            return cls(compiled, tuple(call.grid) + (1,) * (3 - len(call.grid)),
+                       tuple(call.meta[n] for n in constexpr_names), tuple(_specialization(a) for a in varying),
+                       call.device.index if call.device.index is not None else torch.cuda.current_device(),
+                       driver.active.get_current_stream, knobs)
+        except Exception as exc:  # noqa: BLE001 - another Triton: the ordinary launch path still works
+            return _no_direct(call, f"{type(exc).__name__}: {exc}")
+
+    def launch(self, args, varying) -> bool:
+        """Launch and return True, or return False (the caller takes Triton's ordinary path).
+        ``varying``: the arguments that can differ between calls with one cache key (the inputs and
+        the symbolic scalars; outputs are fresh allocations, aligned, and the rest is cached)."""
+        runtime = self.knobs.runtime
+        hooked = _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook)
+        if hooked or tuple(_specialization(a) for a in varying) != self.key:
+            if debug_level() >= 3:
+                print(f"kernelab: {self.compiled.name} takes Triton's launch path "
+                      f"({'a launch hook is set' if hooked else 'other input alignment'})", file=sys.stderr)
+            return False
+        c = self.compiled
+        c.run(self.grid[0], self.grid[1], self.grid[2], self.stream_of(self.device_index), c.function,
+              c.packed_metadata, None, None, None, *args, *self.constexprs)
+        return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,6 +246,7 @@ class GroupRunner:
 
     def __post_init__(self):
         self.loads = codegen.loads_of(self.group) if self.group is not None else []
+        self.load_nodes = [load.node for load in self.loads]
 
     def kernel(self, rank: int, persistent: bool):
         key = (rank, persistent)
@@ -159,31 +260,50 @@ class GroupRunner:
         return self.kernels[key]
 
     def run(self, env: dict) -> None:
-        """Launch the group's kernel. Everything that depends only on the inputs' shapes, strides
-        and devices (variant, block sizes, output layouts, stride arguments) is worked out once
-        per such key; a repeated call allocates the outputs and launches."""
-        raw = [env[load.node] for load in self.loads]
-        key = tuple((t.shape, t.stride(), t.device, t.dtype) for t in raw)
+        """Launch the group's kernel on the values in ``env`` and put its outputs there."""
+        scalars = [env[s] for s in self.group.scalars] if self.group.scalars else []
+        outs = self.run_values([env[n] for n in self.load_nodes], scalars)
+        for n, t in zip(self.group.outputs, outs):
+            env[n] = t
+
+    def run_values(self, raw: list, scalars: list) -> list:
+        """The group's outputs for its loads' values ``raw`` (in ``loads`` order) and its scalars.
+        Everything that depends only on the inputs' shapes and strides (variant, block sizes,
+        output layouts, stride arguments) is worked out once per such key; a repeated call
+        allocates the outputs and launches."""
+        # dtypes and devices are fixed for one graph (dynamo guards the inputs'; the rest follow):
+        # sizes and strides are what can change (dynamic shapes, a differently strided input)
+        key = tuple([(t.shape, t.stride()) for t in raw])
         call = self.calls.get(key, False)
         if call is False:
             call = self.calls[key] = self.prepare_or_refuse(raw)
         if call is None:
-            return run_reference(self.group, env)
+            return self.reference(raw, scalars)
         outs = [torch.empty_strided(size, stride, dtype=dtype, device=call.device) for size, stride, dtype in call.outs]
-        ins = [t if t.device == call.device else t.to(call.device) for t in raw]
-        scalars = [env[s] for s in self.group.scalars]
-        if call.launched:
-            call.kernel[call.grid](*ins, *outs, *call.tail, *scalars, **call.meta)
+        ins = [t.to(call.device) if i in call.move else t for i, t in enumerate(raw)] if call.move else raw
+        args = (*ins, *outs, *call.scratch(), *call.tail, *scalars)
+        if call.direct is not None and call.direct.launch(args, (*ins, *scalars)):
+            pass
+        elif call.launched:
+            call.kernel[call.grid](*args, **call.meta)
         else:  # the first launch compiles the kernel: a failure there falls back too
             try:
-                call.kernel[call.grid](*ins, *outs, *call.tail, *scalars, **call.meta)
+                compiled = call.kernel[call.grid](*args, **call.meta)
                 call.launched = True
             except Exception as exc:
                 self.calls[key] = None
                 self.refuse(exc)
-                return run_reference(self.group, env)
-        for n, t in zip(self.group.outputs, outs):
-            env[n] = t
+                return self.reference(raw, scalars)
+            if not self.interpret and os.environ.get("KERNELAB_DIRECT_LAUNCH", "1") != "0":
+                call.direct = _DirectLaunch.bind(call, compiled, args, (*ins, *scalars))
+        return outs
+
+    def reference(self, raw: list, scalars: list) -> list:
+        """The group's outputs computed by its ATen ops (empty tensors, a kernel that failed)."""
+        env = dict(zip(self.load_nodes, raw))
+        env.update(zip(self.group.scalars, scalars))
+        run_reference(self.group, env)
+        return [env[n] for n in self.group.outputs]
 
     def prepare_or_refuse(self, raw) -> "_Call | None":
         """A launch, or None (ATen runs the group) when generating or compiling the kernel fails:
@@ -210,8 +330,13 @@ class GroupRunner:
         device = _device(raw)
         moved = [_on(t, device) for t in raw]
         if self.group.kind == "pointwise":
-            return self.prepare_pointwise(moved, shape, device)
-        return self.prepare_reduction(moved, shape, device)
+            call = self.prepare_pointwise(moved, shape, device)
+        elif self.group.kind == "column":
+            call = self.prepare_column(moved, shape, device)
+        else:
+            call = self.prepare_reduction(moved, shape, device)
+        call.move = tuple(i for i, t in enumerate(raw) if t.device != device)
+        return call
 
     def shape(self, inputs) -> tuple:
         static = all(isinstance(s, int) for s in self.group.shape)
@@ -223,7 +348,7 @@ class GroupRunner:
     def prepare_pointwise(self, raw, shape, device) -> "_Call":
         g = self.group
         ins = [t.expand(shape) for t in raw]
-        outs = [_alloc(n, shape, device) for n in g.outputs]
+        outs = [_alloc(n, shape, META) for n in g.outputs]  # layouts only: no memory
         order = _iteration_order(outs[0] if outs else ins[0])
         sizes, strides = _collapse([shape[d] for d in order], [[t.stride(d) for d in order] for t in ins + outs])
         numel = math.prod(sizes)
@@ -247,7 +372,7 @@ class GroupRunner:
         n_cols = shape[-1]
         rows = math.prod(shape[:-1])
         ins = [_as_rows(t, load, g, shape) for t, load in zip(raw, self.loads)]
-        outs = [_alloc_rows(n, g.roles[n], shape, device) for n in g.outputs]
+        outs = [_alloc_rows(n, g.roles[n], shape, META) for n in g.outputs]
         lead = list(shape[:-1]) or [1]
         contiguous_rows = [math.prod(lead[d + 1:]) for d in range(len(lead))]
         lead_strides = [list(t.stride()[:-1]) or [0] for t in ins] + [contiguous_rows]
@@ -266,14 +391,90 @@ class GroupRunner:
         persistent = rblock <= PERSISTENT_MAX["interpreter" if self.interpret else "gpu"]
         if not persistent:
             rblock = 4096 if self.interpret else 2048
-        # elements of one [XBLOCK, RBLOCK] tile: on the GPU about 8 per thread per live value
+        # elements of one [XBLOCK, RBLOCK] tile: on the GPU 16 per thread per live value. Measured
+        # on the H200 (benchmarks/row_tune.py): against 8 per thread, layer norm over 65536x1024
+        # went from 75.8 to 69.3 us and over 32768x4096 from 162 to 133 us; softmax and RMS norm
+        # over rows of 8192 did not move (16 warps either way), 4 per thread was slower. Looped
+        # rows (longer than 8192) keep 8 per thread: measured at 1.1x Inductor on 1024x32768
         budget = (1 << 16) if self.interpret else (2048 if persistent else rblock)
         xblock = max(1, min(_pow2(rows), budget // rblock))
-        warps = 1 if self.interpret else max(1, min(16, xblock * rblock // 256))
+        per_warp = 32 * (16 if persistent else 8)
+        warps = 1 if self.interpret else max(1, min(16, xblock * rblock // per_warp))
         span = rows * n_cols
         int64 = span > INT32_MAX or any(
             _max_offset(sizes, st) + (n_cols - 1) * abs(t.stride(-1)) > INT32_MAX for st, t in zip(strides, ins))
         return _Launch(len(sizes), persistent, {"XBLOCK": xblock, "RBLOCK": rblock}, warps, int64)
+
+
+    # -- column reduction -------------------------------------------------------------------
+    def prepare_column(self, raw, shape, device) -> "_Call":
+        g = self.group
+        n_cols, rows = shape[-1], math.prod(shape[:-1])
+        if not any(load.role == "full" for load in self.loads):
+            raise ValueError("a column reduction without a full-size input")
+        ins = [t.expand(shape) if load.role == "full" else _as_cols(t, n_cols) for t, load in zip(raw, self.loads)]
+        outs = [_alloc_cols(n, n_cols, META) if g.roles[n] == "col" else torch.empty(shape, dtype=fusion.value(n).dtype,
+                                                                                     device=META)
+                for n in g.outputs]
+        lead = list(shape[:-1])
+        lead_strides = [list(t.stride()[:-1]) if load.role == "full" else [0] * len(lead)
+                        for t, load in zip(ins, self.loads)]
+        sizes, strides = _collapse(lead, lead_strides)
+        launch = self.column_launch(rows, n_cols, device)
+        xblock, cblock, splits, tiles = (launch.block[k] for k in ("XBLOCK", "CBLOCK", "splits", "tiles"))
+        int64 = any(_max_offset(sizes, st) + (n_cols - 1) * abs(t.stride(-1)) > INT32_MAX
+                    for st, t in zip(strides, ins)) or rows * n_cols > INT32_MAX
+        tail = [s for st in strides for s in st] + [t.stride(-1) for t in ins] + list(sizes) + [rows, n_cols, tiles,
+                                                                                            splits]
+        meta = {"XBLOCK": xblock, "CBLOCK": cblock, "SPLITS": _pow2(splits), "INT64": int64,
+                "num_warps": launch.num_warps}
+        col_blocks = (n_cols + cblock - 1) // cblock
+        call = _Call(self.kernel(len(sizes), True), (col_blocks, splits), tail, meta,
+                     [(tuple(o.shape), o.stride(), o.dtype) for o in outs], device)
+        n_red = sum(1 for n in g.nodes if fusion.is_reduction(n))
+        call.workspace = n_red * splits * n_cols if splits > 1 else 0
+        call.counters = torch.zeros(col_blocks, dtype=torch.int32, device=device)
+        return call
+
+    def column_launch(self, rows, n_cols, device) -> _Launch:
+        """Column blocks of 32 columns and as many row splits as it takes to give every SM two
+        programs, each walking at least two tiles. Measured on the H200 (benchmarks/column_tune.py,
+        36 combinations of column block, tile, warps and tiles per split over four shapes of
+        ``(x * y).sum(0)``): the best overall is 256-row tiles on 4 warps, 64 elements per thread
+        (1.11x each shape's best). A real prologue then spills registers (the MLP's GELU-backward
+        bias-gradient kernel went from 49 to 97 us, the layer-norm weight gradients from 24 to 47),
+        so only light groups (one sum of at most two ops) take it; the others take 64-row tiles on
+        8 warps, 8 elements per thread, the best of those holding at most 16 per thread."""
+        light = sum(1 for n in self.group.nodes if self.group.roles[n] == "full") <= 2 and \
+            sum(1 for n in self.group.nodes if fusion.is_reduction(n)) == 1
+        cblock = min(_pow2(n_cols), 16 if self.interpret else 32)
+        xblock = min(_pow2(rows), (256 if self.interpret else (8192 if light else 2048)) // cblock)
+        col_blocks = (n_cols + cblock - 1) // cblock
+        tiles = (rows + xblock - 1) // xblock
+        programs = 4 if self.interpret else 2 * _sm_count(device)
+        splits = max(1, min((programs + col_blocks - 1) // col_blocks, tiles // (1 if self.interpret else 2)))
+        per_split = (tiles + splits - 1) // splits
+        splits = (tiles + per_split - 1) // per_split
+        warps = 1 if self.interpret else (4 if light else 8)
+        return _Launch(0, True, {"XBLOCK": xblock, "CBLOCK": cblock, "splits": splits, "tiles": per_split},
+                       warps, False)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _as_cols(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """A per-column input (shape (C,), (1, .., C) or one value) as a 1-d view of C values."""
+    return t.reshape(-1).expand(n_cols) if t.numel() in (1, n_cols) else t.reshape(n_cols)
+
+
+def _alloc_cols(node, n_cols, device) -> torch.Tensor:
+    """A column group's output: one value per column, contiguous, in the node's own shape."""
+    meta = fusion.value(node)
+    sizes = list(meta.shape) if _static(meta) else [1] * (meta.dim() - 1) + [n_cols]
+    return torch.empty(sizes, dtype=meta.dtype, device=device)
 
 
 def _device(tensors) -> torch.device:
@@ -385,7 +586,14 @@ class GraphRunner:
         output = next(n for n in gm.graph.nodes if n.op == "output")
         return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0])
 
+    def __post_init__(self):
+        self.aten = {item: _AtenCall(item) for kind, item in self.steps if kind == "node"}
+        self.outputs = _Args(self.output_args) if isinstance(self.output_args, (list, tuple)) else None
+        self.source, self.straight = _straight_line(self)
+
     def __call__(self, args, hooks=None):
+        if hooks is None and self.straight is not None:
+            return self.straight(args)
         env = dict(zip(self.placeholders, args))
         for step, dead in zip(self.steps, self.free_after):
             kind, item = step
@@ -395,14 +603,128 @@ class GraphRunner:
                 else:
                     item.run(env)
             else:
-                env[item] = _call(item, env)
+                env[item] = self.aten[item](env)
             for n in dead:
                 env.pop(n, None)
+        if self.outputs is not None:
+            return self.outputs.values(env)
         return fx.node.map_arg(self.output_args, lambda a: _lookup(a, env))
 
     @property
     def group_runners(self):
         return [item for kind, item in self.steps if kind == "group"]
+
+
+def _straight_line(runner: "GraphRunner"):
+    """(source, function): the graph's steps as one generated Python function, or ("", None)
+    where an argument cannot be written out (then the step-by-step loop runs it).
+
+    The loop costs a few microseconds of interpretation per step (argument lists rebuilt from
+    the environment, dead values popped); graphs with dozens of ATen views and matmuls pay that
+    on every call. The generated function holds every value in a local, calls each ATen op with
+    its arguments written out, launches each group with its input values, and deletes each value
+    after its last use, like Inductor's wrapper. Targets, constants and group runners are globals
+    of the function (``t3``, ``c7``, ``g2``)."""
+    names = {n: f"v{i}" for i, n in enumerate(runner.gm.graph.nodes)}
+    scope: dict = {"_lookup": _lookup}
+
+    def bind(prefix: str, value) -> str:
+        name = f"{prefix}{len(scope)}"
+        scope[name] = value
+        return name
+
+    def expr(a) -> str:
+        if isinstance(a, fx.Node):
+            if fusion.is_constant(a) and a not in defined:
+                return f"_lookup({bind('n', a)}, {{}})"
+            return names[a]
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(expr(x) for x in a)
+            return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+        if a is None or isinstance(a, (bool, int, str)):
+            return repr(a)
+        return bind("c", a)
+
+    defined = set(runner.placeholders)
+    lines = ["def run(args):"]
+    if runner.placeholders:
+        lines.append("    " + ", ".join(names[p] for p in runner.placeholders) + ", = args")
+    try:
+        for (kind, item), dead in zip(runner.steps, runner.free_after):
+            if kind == "group":
+                g = bind("g", item)
+                raw = ", ".join(names[n] for n in item.load_nodes)
+                scalars = ", ".join(names[n] for n in item.group.scalars)
+                outs = "".join(names[n] + ", " for n in item.group.outputs)
+                lines.append(f"    {outs or '_'} = {g}.run_values([{raw}], [{scalars}])"
+                             if outs else f"    {g}.run_values([{raw}], [{scalars}])")
+                defined.update(item.group.outputs)
+            else:
+                args = [expr(a) for a in item.args] + [f"{k}={expr(v)}" for k, v in item.kwargs.items()]
+                lines.append(f"    {names[item]} = {bind('t', item.target)}({', '.join(args)})")
+                defined.add(item)
+            gone = [names[n] for n in dead if n in defined and n not in runner.placeholders]
+            if gone:
+                lines.append(f"    del {', '.join(gone)}")
+                defined.difference_update(n for n in dead)
+        out = runner.output_args
+        if not isinstance(out, (list, tuple)):
+            return "", None
+        lines.append(f"    return [{', '.join(expr(a) for a in out)}]")
+    except (KeyError, TypeError):
+        return "", None
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<kernelab runner {id(runner):x}>", "exec"), scope)  # noqa: S102 - our own text
+    return source, scope["run"]
+
+
+class _Args:
+    """A node's argument list with the nodes in it resolved per call without walking it again
+    (fx.node.map_arg costs microseconds per call; graphs run hundreds of thousands of times).
+    Handles nodes at the top level and inside one level of lists; anything deeper: map_arg."""
+
+    NODE, CONST, LIST, DEEP = range(4)
+
+    def __init__(self, items):
+        self.recipe = [self._item(a) for a in items]
+
+    def _item(self, a):
+        if isinstance(a, fx.Node):
+            return (self.NODE, a)
+        if isinstance(a, (list, tuple)) and any(isinstance(x, (fx.Node, list, tuple)) for x in a):
+            if any(isinstance(x, (list, tuple)) for x in a):
+                return (self.DEEP, a)
+            return (self.LIST, (type(a), [(isinstance(x, fx.Node), x) for x in a]))
+        return (self.CONST, a)
+
+    def values(self, env) -> list:
+        out = []
+        for kind, a in self.recipe:
+            if kind == 0:
+                out.append(env[a] if a in env else _lookup(a, env))
+            elif kind == 1:
+                out.append(a)
+            elif kind == 2:
+                cls, items = a
+                out.append(cls([(env[x] if x in env else _lookup(x, env)) if is_node else x for is_node, x in items]))
+            else:
+                out.append(fx.node.map_arg(a, lambda n: _lookup(n, env)))
+        return out
+
+
+class _AtenCall:
+    """One node run as its ATen op, its arguments resolved by :class:`_Args`."""
+
+    def __init__(self, node: fx.Node):
+        self.target = node.target
+        self.args = _Args(node.args)
+        self.kw_names = list(node.kwargs)
+        self.kwargs = _Args(list(node.kwargs.values()))
+
+    def __call__(self, env):
+        if self.kw_names:
+            return self.target(*self.args.values(env), **dict(zip(self.kw_names, self.kwargs.values(env))))
+        return self.target(*self.args.values(env))
 
 
 def _schedule(gm, part, runners) -> list:

@@ -43,6 +43,7 @@ CASES = {
     "layer_norm": (lambda x, w, b: F.layer_norm(x, (64,), w, b), (torch.randn(4, 64), torch.randn(64),
                                                                   torch.randn(64)), 1, True),
     "rms_norm_looped": (rms_norm, (torch.randn(4, 64), torch.randn(64)), 1, False),
+    "column_sum": (lambda x, w: (x * w).sum(0) * 2, (torch.randn(64, 40), torch.randn(40)), 1, True),
 }
 
 

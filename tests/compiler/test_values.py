@@ -267,13 +267,13 @@ def test_module_training_step():
 def test_kernels_launched(monkeypatch):
     """softmax + a pointwise epilogue is one generated kernel, and it really runs (not the reference)."""
     launched = []
-    real = runtime.GroupRunner.run
+    real = runtime.GroupRunner.run_values
 
-    def spy(self, env):
+    def spy(self, raw, scalars):
         launched.append(self.group.name)
-        return real(self, env)
+        return real(self, raw, scalars)
 
-    monkeypatch.setattr(runtime.GroupRunner, "run", spy)
+    monkeypatch.setattr(runtime.GroupRunner, "run_values", spy)
     monkeypatch.setattr(runtime, "run_reference", lambda *a: pytest.fail("reference path used"))
     x = randn(8, 100)
     out = klc.compile(lambda t: torch.softmax(t, -1) * 3 + 1)(x)

@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""Launch parameters of kernelab's column-reduction kernel, measured on one GPU.
+
+    python benchmarks/column_tune.py OUT_DIR
+
+For a few (rows, columns) shapes of ``(x * y).sum(0)`` in bfloat16 (y one value per column), this
+times the generated kernel (triton.testing.do_bench, GPU time) under every combination of column
+block, row tile, warps and minimum tiles per split, next to Inductor's two-kernel split reduction,
+and checks every result against torch. Bytes moved: x read once (the per-column y and the outputs
+are negligible). Writes OUT_DIR/column_tune.csv and prints the best configuration per shape and
+the one that is best overall (geometric mean of time relative to each shape's best).
+"""
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import triton.testing  # noqa: E402
+
+import kernelab.compiler as klc  # noqa: E402
+from kernelab.compiler import runtime  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from compiler_suite import env_row  # noqa: E402
+
+SHAPES = [(4096, 1024), (16384, 4096), (1 << 20, 64), (2048, 16384)]
+CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES = (32, 64, 128), (2048, 4096, 8192), (4, 8), (2, 8)
+
+
+def fn(x, y):
+    return (x * y).sum(0)
+
+
+def patched(cblock, elems, warps, min_tiles):
+    def column_launch(self, rows, n_cols, device):
+        cb = min(runtime._pow2(n_cols), cblock)
+        xb = min(runtime._pow2(rows), max(1, elems // cb))
+        col_blocks = (n_cols + cb - 1) // cb
+        tiles = (rows + xb - 1) // xb
+        programs = 2 * runtime._sm_count(device)
+        splits = max(1, min((programs + col_blocks - 1) // col_blocks, tiles // min_tiles))
+        per = (tiles + splits - 1) // splits
+        splits = (tiles + per - 1) // per
+        return runtime._Launch(0, True, {"XBLOCK": xb, "CBLOCK": cb, "splits": splits, "tiles": per}, warps, False)
+    return column_launch
+
+
+def main():
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    torch._dynamo.config.cache_size_limit = 1024
+    original = runtime.GroupRunner.column_launch
+    rows = []
+    for shape in SHAPES:
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        y = torch.randn(shape[-1], device="cuda", dtype=torch.bfloat16)
+        ref = (x.float() * y.float()).sum(0)
+        nbytes = x.numel() * 2
+        torch._dynamo.reset()
+        ind = torch.compile(fn)
+        ind(x, y)
+        ind_us = triton.testing.do_bench(lambda: ind(x, y), warmup=10, rep=50) * 1e3
+        rows.append({"shape": "x".join(map(str, shape)), "config": "inductor", "us": ind_us,
+                     "tbps": nbytes / ind_us / 1e6, "ok": True})
+        for cb, el, w, mt in itertools.product(CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES):
+            runtime.GroupRunner.column_launch = patched(cb, el, w, mt)
+            torch._dynamo.reset()
+            f = klc.compile(fn)
+            got = f(x, y)
+            ok = bool(torch.allclose(got.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item()))
+            us = triton.testing.do_bench(lambda: f(x, y), warmup=10, rep=50) * 1e3
+            rows.append({"shape": "x".join(map(str, shape)), "config": f"c{cb}_e{el}_w{w}_t{mt}", "us": us,
+                         "tbps": nbytes / us / 1e6, "ok": ok})
+        runtime.GroupRunner.column_launch = original
+    env = env_row(torch.device("cuda"))
+    with open(out / "column_tune.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]) + list(env))
+        w.writeheader()
+        w.writerows({**r, **env} for r in rows)
+    configs = sorted({r["config"] for r in rows if r["config"] != "inductor"})
+    best = {}
+    for r in rows:
+        if r["config"] != "inductor":
+            best[r["shape"]] = min(best.get(r["shape"], math.inf), r["us"])
+    print(f"{'shape':14} {'inductor_us':>11} {'best_us':>8} {'TB/s':>6}  best config")
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        mine = [r for r in rows if r["shape"] == shape and r["config"] != "inductor"]
+        top = min(mine, key=lambda r: r["us"])
+        ind = next(r for r in rows if r["shape"] == shape and r["config"] == "inductor")
+        print(f"{shape:14} {ind['us']:11.1f} {top['us']:8.1f} {top['tbps']:6.2f}  {top['config']}")
+    score = {c: math.exp(sum(math.log(r["us"] / best[r["shape"]]) for r in rows if r["config"] == c) / len(SHAPES))
+             for c in configs}
+    for c in sorted(configs, key=score.get)[:5]:
+        print(f"overall {c}: {score[c]:.3f}x the per-shape best (geomean)")
+    print("all correct:", all(r["ok"] for r in rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Column reductions (sums and means over every dim but the last): bias and norm-weight gradients in
+one generated kernel, with the split path (partials + arrival counters) and the one-split path."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernelab.compiler as klc
+from kernelab.compiler import fusion, graph
+
+from tests.compiler.conftest import assert_close
+from tests.compiler.test_values import _check, randn
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def linear_gelu(x, w, b):
+    return F.gelu(F.linear(x, w, b))
+
+
+def col_sum_scaled(x, y):
+    return (x * y).sum(0) * 2.0
+
+
+def col_mean_keepdim(x):
+    return (x.exp() - 1).mean(dim=(0, 1), keepdim=True)
+
+
+def col_sum_negative_dims(x):
+    return x.sigmoid().sum(dim=(-3, -2))
+
+
+# interpreted, tiles are 16 rows of up to 16 columns and up to 4 programs: rows <= 16 is one
+# split, (300, 17) is 2 column blocks x 2 splits, (7, 3, 33) is 3 column blocks x 2 splits
+SHAPES = [(1, 5), (16, 40), (300, 17), (7, 3, 33)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_layer_norm_gradients(shape, dtype):
+    n = shape[-1]
+    _check(layer_norm, [randn(*shape) + 1, 1 + randn(n, seed=1) * 0.1, randn(n, seed=2)], dtype=dtype)
+
+
+@pytest.mark.parametrize("rows", [3, 64, 257])
+def test_bias_gradient_behind_a_matmul(rows):
+    """GELU's backward feeds the matmul and the bias gradient: computed once in the column kernel."""
+    _check(linear_gelu, [randn(rows, 24), randn(40, 24, seed=1) * 0.2, randn(40, seed=2)])
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (col_sum_scaled, [(50, 21), (50, 21)]),
+    (col_mean_keepdim, [(5, 9, 33)]),
+    (col_sum_negative_dims, [(4, 6, 18)]),
+], ids=["sum_scaled", "mean_keepdim", "negative_dims"])
+def test_column_reductions_forward_backward(fn, shapes):
+    _check(fn, [randn(*s, seed=i) for i, s in enumerate(shapes)])
+
+
+def test_transposed_input():
+    x = randn(40, 70).t()  # (70, 40), rows 40 apart
+    _check(lambda t: (t * 3).sum(0), [x])
+
+
+def test_repeated_calls_reset_the_arrival_counters():
+    """The last program of each column block zeroes its counter: a second and third call (split
+    path) give the same sums as the first."""
+    f = klc.compile(lambda t: t.sum(0))
+    x = randn(300, 17)
+    first = f(x)
+    for _ in range(2):
+        torch.testing.assert_close(f(x), first)
+    torch.testing.assert_close(first, x.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_layer_norm_backward_plan_has_one_column_kernel():
+    x, w, b = (randn(64, 40) + 1).requires_grad_(), randn(40, seed=1).requires_grad_(), randn(40).requires_grad_()
+    kernels = klc.plan_kernels(lambda *a: torch.autograd.grad(layer_norm(*a).sum(), a), (x, w, b))
+    names = [k.name for k in kernels]
+    # forward kernel, .sum() and its seed (ATen), then the backward: a row kernel and a column kernel
+    backward = names[names.index("ones_like") + 1:]
+    assert len(backward) == 2 and all(n.startswith("kl_fused_") for n in backward), names
+
+
+def test_refusals_give_reasons():
+    gm = torch.fx.symbolic_trace(lambda x: x)  # a graph to hold nodes
+    g = gm.graph
+    x = g.placeholder("x")
+    for target, args, why in [
+        (torch.ops.aten.amax.default, (x, [0]), "amax over the leading dims is not generated"),
+        (torch.ops.aten.sum.dim_IntList, (x, [0]), "integer sum"),
+    ]:
+        node = g.call_function(target, args)
+        dtype = torch.int64 if "integer" in why else torch.float32
+        x.meta["val"] = torch.empty(8, 4, dtype=dtype)
+        node.meta["val"] = torch.empty(4, dtype=dtype)
+        kind, reason = fusion.classify(node)
+        assert kind == "eager" and why.split(" over")[0].split(" sum")[0] in reason, reason
+
+
+def test_prologue_shared_with_another_kernel_is_copied():
+    """Layer norm's backward: x-hat feeds the row kernel (dx) and the weight gradient, so the
+    column kernel recomputes it from its own copy; nothing full-size is written between them."""
+    captured = []
+
+    def backend(gm, example_inputs):
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+
+        from kernelab.compiler.backend import decompositions
+
+        def bw(g, _):
+            captured.append(graph.partition(g))
+            return make_boxed_func(g.forward)
+        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward), bw_compiler=bw,
+                            decompositions=decompositions())(gm, example_inputs)
+
+    x, w, b = (randn(16, 40) + 1).requires_grad_(), randn(40).requires_grad_(), randn(40).requires_grad_()
+    torch.compile(layer_norm, backend=backend)(x, w, b).sum().backward()
+    (part,) = captured
+    kinds = sorted(g.kind for g in part.groups)
+    assert kinds == ["column", "reduction"], [(g.kind, g.name) for g in part.groups]
+    column = next(g for g in part.groups if g.kind == "column")
+    assert all(column.roles[n] == "col" for n in column.outputs)
+
+
+def ln_linear_gelu(x, g, w, b):
+    return F.gelu(F.linear(F.layer_norm(x, (x.shape[-1],), g), w, b))
+
+
+def test_column_sums_linked_through_a_matmul_get_separate_kernels():
+    """The bias gradient's chain (GELU's backward) feeds a matmul whose result feeds the layer
+    norm's weight gradient: both are column sums of one shape, yet one kernel for both would be a
+    cycle. The backward plans them as two kernels and computes the right values."""
+    _check(ln_linear_gelu, [randn(6, 8), 1 + randn(8, seed=1) * 0.1, randn(8, 8, seed=2) * 0.3, randn(8, seed=3)])
