@@ -11,7 +11,8 @@
 
 Traffic: forward reads the logits once (writes 3 floats a row); backward reads them once more and
 writes the gradient: 3 passes over the [M, C] logits for forward + backward. A target outside
-[0, C) that is not ignore_index yields NaN (PyTorch raises; checking would cost a sync).
+[0, C) that is not ignore_index raises PyTorch's IndexError when the targets are in CPU memory; on
+a GPU its row's loss is NaN (PyTorch asserts on the device; checking here would cost a sync).
 Probability ("soft") targets are computed from kernelab's log_softmax and PyTorch reductions.
 """
 
@@ -226,6 +227,20 @@ def _soft_targets(input, target, weight, reduction, smoothing, class_dim):
     return loss.sum() / (input.numel() / c if c else 0)
 
 
+def _check_targets_on_host(target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
+    """PyTorch's IndexError for a class target outside [0, C) that is not ignore_index, where the
+    check is free: real targets in CPU memory (the interpreter), outside a compiled graph and
+    fake-tensor tracing (a data-dependent branch there would break the graph). On a GPU such a row's loss is NaN instead: the
+    check would cost a device-to-host sync per call."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if target.device.type != "cpu" or torch.compiler.is_compiling() or is_fake(target) or target.numel() == 0:
+        return
+    bad = (target != ignore_index) & ((target < 0) | (target >= n_classes))
+    if bool(bad.any()):
+        raise IndexError(f"Target {int(target[bad].flatten()[0])} is out of bounds.")
+
+
 def cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -275,6 +290,7 @@ def cross_entropy(
         if input.dim() >= 2 and target.dim() >= 1 and target.shape[0] != input.shape[0]:
             raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({target.shape[0]}).")
         raise RuntimeError(f"Expected target size {list(expected)}, got {list(target.shape)}")
+    _check_targets_on_host(target, c, ignore_index)
     # logits as [M, C] rows, class dim last (a K-dim input is transposed once)
     logits = input.movedim(class_dim, -1).reshape(-1, c) if input.dim() != 2 else input
     loss = _common.apply(

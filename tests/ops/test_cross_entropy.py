@@ -80,7 +80,22 @@ def test_special_values_and_all_ignored():
     check(torch.empty((0, 50), requires_grad=True), torch.empty((0,), dtype=torch.long), reduction="mean")
 
 
-def test_out_of_range_target_is_nan():
+def test_out_of_range_target_raises_like_torch_on_the_host():
+    x, t = torch.randn(3, 5), torch.tensor([0, 9, 1])
+    with pytest.raises(IndexError, match="Target 9 is out of bounds"):
+        K.cross_entropy(x, t)
+    with pytest.raises(IndexError, match="Target 9 is out of bounds"):
+        torch.nn.functional.cross_entropy(x, t)
+    K.cross_entropy(x, torch.tensor([0, -100, 1]))  # ignore_index is not out of range
+
+
+def test_out_of_range_target_is_nan_in_the_kernel(monkeypatch):
+    """Where nothing checks (GPU targets), the kernel marks the row NaN instead of reading out of
+    bounds; the other rows are right."""
+    import importlib
+
+    ce = importlib.import_module("kernelab.ops.cross_entropy")  # the package exports a function of that name
+    monkeypatch.setattr(ce, "_check_targets_on_host", lambda *a: None)
     y = K.cross_entropy(torch.randn(3, 5), torch.tensor([0, 9, 1]), reduction="none")
     assert torch.isnan(y[1]) and not torch.isnan(y[0]) and not torch.isnan(y[2])
 
