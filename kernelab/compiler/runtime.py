@@ -133,14 +133,21 @@ class _Call:
     direct: "_DirectLaunch | None" = None  # Triton's launcher, bound once (GPU only)
     move: tuple = ()  # inputs on another device than the kernel's (0-d CPU scalars): copied per call
     workspace: int = 0  # float32 values of scratch a column reduction's splits need per launch
-    counters: object = None  # a column reduction's per-column-block arrival counters (int32, zeroed once)
+    col_blocks: int = 0  # a column reduction's column blocks: one arrival counter each
+    counters: dict = field(default_factory=dict)  # stream -> int32 counters, zeroed once, reset by the kernel
 
     def scratch(self) -> tuple:
-        """The column template's (workspace, counters) arguments; nothing for other kernels."""
-        if self.counters is None:
+        """The column template's (workspace, counters) arguments; nothing for other kernels.
+        Counters are per stream: launches on one stream run one after another, so they never
+        share a counter while it counts; launches on two streams get two sets."""
+        if not self.col_blocks:
             return ()
-        work = torch.empty(self.workspace, dtype=torch.float32, device=self.device) if self.workspace else self.counters
-        return work, self.counters
+        stream = _current_stream(self.device)
+        counters = self.counters.get(stream)
+        if counters is None:
+            counters = self.counters[stream] = torch.zeros(self.col_blocks, dtype=torch.int32, device=self.device)
+        work = torch.empty(self.workspace, dtype=torch.float32, device=self.device) if self.workspace else counters
+        return work, counters
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,7 +440,7 @@ class GroupRunner:
                      [(tuple(o.shape), o.stride(), o.dtype) for o in outs], device)
         n_red = sum(1 for n in g.nodes if fusion.is_reduction(n))
         call.workspace = n_red * splits * n_cols if splits > 1 else 0
-        call.counters = torch.zeros(col_blocks, dtype=torch.int32, device=device)
+        call.col_blocks = col_blocks
         return call
 
     def column_launch(self, rows, n_cols, device) -> _Launch:
@@ -458,6 +465,19 @@ class GroupRunner:
         warps = 1 if self.interpret else (4 if light else 8)
         return _Launch(0, True, {"XBLOCK": xblock, "CBLOCK": cblock, "splits": splits, "tiles": per_split},
                        warps, False)
+
+
+def _current_stream(device) -> int:
+    """The current CUDA stream's handle (the raw-handle call Triton's launcher also uses is much
+    cheaper than a Stream object); 0 off CUDA, or if neither answers (then streams share one set)."""
+    if device.type != "cuda":
+        return 0
+    try:
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return raw(index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    except Exception:  # noqa: BLE001 - a counter set shared by streams is the old behaviour, not an error
+        return 0
 
 
 @functools.lru_cache(maxsize=None)

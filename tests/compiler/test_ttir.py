@@ -68,6 +68,8 @@ def _programs():
         (lambda a, w: a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6) * w, (x, y)),
         (lambda a: torch.softmax(a.t(), -1), (torch.randn(300, 6),)),
         (lambda a: torch.softmax(a.to(torch.bfloat16), -1), (x,)),
+        (lambda a, b: ((a * b).sum(0) * 2, a.exp().mean(0)), (torch.randn(300, 40), torch.randn(40))),
+        (lambda a: (a.sigmoid() * 3).sum(0).half(), (torch.randn(7, 3, 33),)),
     ]
 
 
@@ -78,6 +80,9 @@ def test_generated_kernels_lower_to_ttir(monkeypatch, tmp_path):
         torch._dynamo.reset()
         klc.compile(fn)(*args)
     assert len(jobs) >= 10
+    # every variant also with 64-bit offsets (what inputs over 2**31 elements take)
+    jobs += [{**job, "constexprs": {**job["constexprs"], "INT64": True}} for job in jobs
+             if job["constexprs"].get("INT64") is False]
     path = tmp_path / "jobs.json"
     path.write_text(json.dumps(jobs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
