@@ -148,7 +148,7 @@ def R(*shape, scale=1.0, offset=0.0):
 # name -> (target, arg makers, sizes: list of shape-dicts, dtypes, backward?)
 def programs(dry: bool):
     small, mid, big = ((8, 64), (16, 200), (64, 1000)) if dry else ((64, 256), (4096, 1024), (16384, 8192))
-    vec = [1000, 4099] if dry else [10_000, 1_000_003, 100_000_000, 1_000_000_000]
+    vec = [1000, 4099] if dry else [10_000, 1_000_003, 100_000_000, 100_000_007, 1_000_000_000]
     bf, f32 = torch.bfloat16, torch.float32
     P = {}
 
