@@ -12,6 +12,7 @@ the one that is best overall (geometric mean of time relative to each shape's be
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import itertools
 import math
@@ -53,7 +54,11 @@ def patched(cblock, elems, warps, min_tiles):
 
 
 def main():
-    out = Path(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path, help="directory for the CSV (and text) results")
+    out = ap.parse_args().out
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (it times kernels)")
     out.mkdir(parents=True, exist_ok=True)
     torch._dynamo.config.cache_size_limit = 1024
     original = runtime.GroupRunner.column_launch

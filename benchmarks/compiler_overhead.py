@@ -20,6 +20,7 @@ OUT_DIR/compiler_overhead.csv, a table last.
 """
 from __future__ import annotations
 
+import argparse
 import cProfile
 import csv
 import io
@@ -132,7 +133,11 @@ def model_breakdown(out: Path) -> list[dict]:
 
 
 def main():
-    out = Path(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path, help="directory for the CSV (and text) results")
+    out = ap.parse_args().out
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (it times kernels)")
     out.mkdir(parents=True, exist_ok=True)
     for old in ("profiles.txt", "kernels.txt"):
         (out / old).unlink(missing_ok=True)

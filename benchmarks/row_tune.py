@@ -11,6 +11,7 @@ the output written once. Writes OUT_DIR/row_tune.csv (GPU, versions, date per ro
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import sys
 from pathlib import Path
@@ -59,7 +60,11 @@ def patched(per_thread: int, looped: bool):
 
 
 def main():
-    out = Path(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path, help="directory for the CSV (and text) results")
+    out = ap.parse_args().out
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (it times kernels)")
     out.mkdir(parents=True, exist_ok=True)
     torch._dynamo.config.cache_size_limit = 1024
     original = runtime.GroupRunner.reduction_launch

@@ -588,8 +588,9 @@ def _lookup(node: fx.Node, env: dict):
 
 @dataclass
 class GraphRunner:
-    """Executes a GraphModule step by step: group launches and ATen calls, in a topological
-    order of the groups (a group launches once all its inputs exist)."""
+    """Executes a GraphModule: group launches and ATen calls, in a topological order of the
+    groups (a group launches once all its inputs exist). Calls run the generated straight-line
+    function; the step-by-step loop serves plan mode (hooks) and any graph it cannot write."""
 
     gm: fx.GraphModule
     part: object  # graph.Partition
@@ -607,8 +608,6 @@ class GraphRunner:
         return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0])
 
     def __post_init__(self):
-        self.aten = {item: _AtenCall(item) for kind, item in self.steps if kind == "node"}
-        self.outputs = _Args(self.output_args) if isinstance(self.output_args, (list, tuple)) else None
         self.source, self.straight = _straight_line(self)
 
     def __call__(self, args, hooks=None):
@@ -623,11 +622,9 @@ class GraphRunner:
                 else:
                     item.run(env)
             else:
-                env[item] = self.aten[item](env)
+                env[item] = _call(item, env)
             for n in dead:
                 env.pop(n, None)
-        if self.outputs is not None:
-            return self.outputs.values(env)
         return fx.node.map_arg(self.output_args, lambda a: _lookup(a, env))
 
     @property
@@ -639,8 +636,8 @@ def _straight_line(runner: "GraphRunner"):
     """(source, function): the graph's steps as one generated Python function, or ("", None)
     where an argument cannot be written out (then the step-by-step loop runs it).
 
-    The loop costs a few microseconds of interpretation per step (argument lists rebuilt from
-    the environment, dead values popped); graphs with dozens of ATen views and matmuls pay that
+    The loop costs a few microseconds of interpretation per step (``map_arg`` over the arguments,
+    dead values popped); graphs with dozens of ATen views and matmuls pay that
     on every call. The generated function holds every value in a local, calls each ATen op with
     its arguments written out, launches each group with its input values, and deletes each value
     after its last use, like Inductor's wrapper. Targets, constants and group runners are globals
@@ -696,55 +693,6 @@ def _straight_line(runner: "GraphRunner"):
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kernelab runner {id(runner):x}>", "exec"), scope)  # noqa: S102 - our own text
     return source, scope["run"]
-
-
-class _Args:
-    """A node's argument list with the nodes in it resolved per call without walking it again
-    (fx.node.map_arg costs microseconds per call; graphs run hundreds of thousands of times).
-    Handles nodes at the top level and inside one level of lists; anything deeper: map_arg."""
-
-    NODE, CONST, LIST, DEEP = range(4)
-
-    def __init__(self, items):
-        self.recipe = [self._item(a) for a in items]
-
-    def _item(self, a):
-        if isinstance(a, fx.Node):
-            return (self.NODE, a)
-        if isinstance(a, (list, tuple)) and any(isinstance(x, (fx.Node, list, tuple)) for x in a):
-            if any(isinstance(x, (list, tuple)) for x in a):
-                return (self.DEEP, a)
-            return (self.LIST, (type(a), [(isinstance(x, fx.Node), x) for x in a]))
-        return (self.CONST, a)
-
-    def values(self, env) -> list:
-        out = []
-        for kind, a in self.recipe:
-            if kind == 0:
-                out.append(env[a] if a in env else _lookup(a, env))
-            elif kind == 1:
-                out.append(a)
-            elif kind == 2:
-                cls, items = a
-                out.append(cls([(env[x] if x in env else _lookup(x, env)) if is_node else x for is_node, x in items]))
-            else:
-                out.append(fx.node.map_arg(a, lambda n: _lookup(n, env)))
-        return out
-
-
-class _AtenCall:
-    """One node run as its ATen op, its arguments resolved by :class:`_Args`."""
-
-    def __init__(self, node: fx.Node):
-        self.target = node.target
-        self.args = _Args(node.args)
-        self.kw_names = list(node.kwargs)
-        self.kwargs = _Args(list(node.kwargs.values()))
-
-    def __call__(self, env):
-        if self.kw_names:
-            return self.target(*self.args.values(env), **dict(zip(self.kw_names, self.kwargs.values(env))))
-        return self.target(*self.args.values(env))
 
 
 def _schedule(gm, part, runners) -> list:

@@ -232,10 +232,17 @@ def test_generated_runner_matches_the_step_loop(monkeypatch, capfd):
         out = klc.compile(fn)(*args)
         return [out] + list(torch.autograd.grad(out.sum(), args))
 
+    def eager():
+        gen = torch.Generator().manual_seed(0)
+        args = [torch.randn(*s, generator=gen).requires_grad_() for s in ((6, 8), (8,), (8, 8), (8,))]
+        out = fn(*args)
+        return [out] + list(torch.autograd.grad(out.sum(), args))
+
     monkeypatch.setenv("KERNELAB_DEBUG", "3")
     generated = run()
     assert "def run(args):" in capfd.readouterr().err
     monkeypatch.setattr(runtime, "_straight_line", lambda runner: ("", None))
     looped = run()
-    for a, b in zip(generated, looped):
+    for a, b, e in zip(generated, looped, eager()):
         torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
