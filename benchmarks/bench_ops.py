@@ -36,23 +36,47 @@ ORDER = ["softmax", "layer_norm", "rms_norm", "cross_entropy", "log_softmax", "s
 #: kernelab-only variants of launch settings (op, shape, fwd+bwd?, label, {"module.ATTR": value}),
 #: timed like the grid (same checks, same timer) and written as provider "kernelab~<label>".
 VARIANTS = [
-    ("layer_norm", (32768, 4096), True, "bwd 8 programs/SM", {"norms.BWD_PROGRAMS_PER_SM": 8}),
-    ("layer_norm", (32768, 4096), True, "bwd 16 programs/SM", {"norms.BWD_PROGRAMS_PER_SM": 16}),
-    ("layer_norm", (32768, 4096), True, "bwd unpipelined (STAGES 1)", {"_common.STAGES": 1}),
-    ("layer_norm", (131072, 1024), True, "bwd 16 programs/SM", {"norms.BWD_PROGRAMS_PER_SM": 16}),
-    ("layer_norm", (131072, 1024), True, "bwd tile 4096", {"norms.BWD_TILE": 4096}),
-    ("rms_norm", (32768, 4096), True, "bwd 16 programs/SM", {"norms.BWD_PROGRAMS_PER_SM": 16}),
-    ("cross_entropy", (8192, 32000), False, "fwd chunk 8192", {"cross_entropy.FWD_BLOCK_C": 8192}),
-    ("cross_entropy", (32768, 4096), False, "fwd unpipelined (STAGES 1)", {"_common.STAGES": 1}),
-    ("cross_entropy", (8192, 32000), True, "bwd chunk 8192", {"cross_entropy.BWD_BLOCK_C": 8192}),
     ("cross_entropy", (8192, 32000), True, "bwd chunk 2048", {"cross_entropy.BWD_BLOCK_C": 2048}),
-    ("softmax", (4096, 131072), False, "3 looped programs/SM", {"_common.LOOPED_PER_SM": 3}),
-    ("softmax", (2048, 262144), True, "3 looped programs/SM", {"_common.LOOPED_PER_SM": 3}),
+    ("layer_norm", (32768, 4096), True, "bwd 16 programs/SM", {"norms.BWD_PROGRAMS_PER_SM": 16}),
 ]
 
 
-def variant_sweep(device, copy: float, deadline: float, console) -> list:
-    """Time each VARIANTS entry with the runner (kernelab only), restoring every setting after."""
+def tune_variants() -> list:
+    """``--tune-s``: launch settings around the shapes where the grid missed a target, each group
+    preceded by the default ("default", no change) in the same run. Rounds 1-3 (results/
+    ops_tune{1,2,3}_h200.csv, do_bench) set the one-pass forward rule (``_common.row_tile``); their
+    forward+backward rows swung with the host's speed (the same setting measured 2.7 and 3.9 TB/s).
+    Round 4, run with ``--timer kernels`` (GPU time only), takes the backward settings."""
+    out = []
+
+    def group(op, shape, backward, variants):
+        out.append((op, shape, backward, "default", {}))
+        out.extend((op, shape, backward, label, change) for label, change in variants)
+
+    softmax_bwd = [("bwd tile 4096, 16/thread", {"softmax.BWD_TILE": 4096, "softmax.BWD_PER_THREAD": 16}),
+                   ("bwd 16/thread", {"softmax.BWD_PER_THREAD": 16}),
+                   ("bwd tile 2048, 32/thread", {"softmax.BWD_TILE": 2048, "softmax.BWD_PER_THREAD": 32})]
+    for shape in ((524288, 256), (131072, 1024), (32768, 4096), (16384, 16384)):
+        group("softmax", shape, True, softmax_bwd)
+    norm_bwd = [(f"bwd {p}/SM tile {t} {e}/thread",
+                 {"norms.BWD_PROGRAMS_PER_SM": p, "norms.BWD_TILE": t, "norms.BWD_PER_THREAD": e})
+                for p, t, e in ((8, 2048, 16), (16, 2048, 16), (32, 2048, 16), (8, 4096, 16), (16, 4096, 16),
+                                (8, 8192, 16), (8, 2048, 32), (16, 4096, 32), (32, 1024, 16), (32, 1024, 32))]
+    for op in ("layer_norm", "rms_norm"):
+        for shape in ((524288, 256), (131072, 1024), (32768, 4096)):
+            group(op, shape, True, norm_bwd)
+        group(op, (16384, 16384), True, [(f"bwd {p}/SM", {"norms.BWD_PROGRAMS_PER_SM": p}) for p in (8, 16)])
+    for shape in ((32768, 4096), (8192, 32000), (4096, 128256)):
+        group("cross_entropy", shape, True, [(f"bwd chunk {c}", {"cross_entropy.BWD_BLOCK_C": c}) for c in (1024, 2048, 8192)])
+    group("cross_entropy", (32768, 4096), False, [(f"fwd chunk {c}", {"cross_entropy.FWD_BLOCK_C": c}) for c in (1024, 2048)])
+    group("cross_entropy", (8192, 32000), False, [(f"fwd chunk {c}", {"cross_entropy.FWD_BLOCK_C": c}) for c in (2048, 8192)])
+    group("layer_norm", (16384, 16384), False, [("looped (MAX_FUSED 8192)", {"_common.MAX_FUSED": 8192})])
+    return out
+
+
+def variant_sweep(device, copy: float, deadline: float, console, variants=None, timer=None) -> list:
+    """Time each variant (default: VARIANTS) with the runner (kernelab only), restoring every
+    setting after."""
     import importlib
 
     import torch
@@ -61,7 +85,7 @@ def variant_sweep(device, copy: float, deadline: float, console) -> list:
 
     env = runner.environment(device)
     rows = []
-    for op, shape, backward, label, change in VARIANTS:
+    for op, shape, backward, label, change in (VARIANTS if variants is None else variants):
         if time.monotonic() > deadline:
             break
         saved = []
@@ -71,7 +95,8 @@ def variant_sweep(device, copy: float, deadline: float, console) -> list:
                 module = importlib.import_module(f"kernelab.ops.{module_name}")
                 saved.append((module, attr, getattr(module, attr)))
                 setattr(module, attr, value)
-            got = runner.run_case(runner.Case(op, shape, torch.bfloat16, backward), ("kernelab",), device, env, copy)
+            got = runner.run_case(runner.Case(op, shape, torch.bfloat16, backward), ("kernelab",), device, env, copy,
+                                  **({"timer": timer} if timer else {}))
             for r in got:
                 r.provider = f"kernelab~{label}"
                 speed = "-" if r.tbps is None else f"{r.tbps:.2f} TB/s"
@@ -84,6 +109,25 @@ def variant_sweep(device, copy: float, deadline: float, console) -> list:
     return rows
 
 
+def tune_table(rows, console) -> None:
+    """Each variant's TB/s next to its group's default (measured just before it)."""
+    from rich.table import Table
+
+    table = Table(title="launch-setting tune (kernelab only; ratio = default ms / variant ms)")
+    for col in ("op", "shape", "pass", "variant", "status", "TB/s", "x default"):
+        table.add_column(col)
+    default = {}
+    for r in rows:
+        key = (r.op, r.shape, r.pass_)
+        label = r.provider.split("~", 1)[1]
+        if label == "default":
+            default[key] = r.ms
+        ratio = f"{default[key] / r.ms:.2f}" if r.ms and default.get(key) else "-"
+        tbps = f"{r.tbps:.2f}" if r.tbps is not None else "-"
+        table.add_row(r.op, r.shape, r.pass_, label, r.status[:20], tbps, ratio)
+    console.print(table)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
@@ -93,6 +137,10 @@ def main() -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--skip-checks", action="store_true")
     p.add_argument("--variants-s", type=float, default=0.0, help="seconds for kernelab-only launch-setting variants, run last")
+    p.add_argument("--timer", choices=("do_bench", "kernels"), default="do_bench",
+                   help="--tune-s only: do_bench (what a caller waits, host included) or the kernels' summed GPU time")
+    p.add_argument("--tune-s", type=float, default=0.0,
+                   help="run only the launch-setting tune (tune_variants) for this many seconds, write ops_tune.csv")
     args = p.parse_args()
     t0 = time.monotonic()
 
@@ -113,6 +161,12 @@ def main() -> int:
 
     copy = timing.copy_tbps(device)
     console.print(f"copy ceiling: {copy:.3f} TB/s (4 GiB device-to-device, read + written)  [{time.monotonic() - t0:.0f}s]")
+    if args.tune_s > 0:
+        timer = timing.kernel_time_ms if args.timer == "kernels" else timing.time_ms
+        rows = variant_sweep(device, copy, time.monotonic() + args.tune_s, console, tune_variants(), timer)
+        report.append_csv(rows, args.out, name="ops_tune.csv")
+        tune_table(rows, console)
+        return 0
 
     workers = []
     for i in range(args.workers):

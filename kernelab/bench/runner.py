@@ -60,6 +60,7 @@ class Row:
     vs_liger: float | None = None
     rel_err: float | None = None
     bytes_model: str = ""
+    timer: str = "time_ms"  # timing.time_ms (do_bench, what the caller waits) or kernel_time_ms
 
 
 def environment(device: torch.device) -> dict:
@@ -158,6 +159,7 @@ def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict,
             sets = [_with_grad(spec.make(case.shape, case.dtype, device, gen).args, inputs.grad_of, case.backward)
                     for _ in range(timing.sets_needed(per_set))]
             row.ms = timer(step, sets)
+            row.timer = getattr(timer, "__name__", str(timer))
             del sets
             row.tbps = nbytes / (row.ms * 1e-3) / 1e12
             row.pct_copy = 100.0 * row.tbps / copy if copy else None

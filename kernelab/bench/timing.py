@@ -2,6 +2,7 @@
 
 * ``time_ms``: ``triton.testing.do_bench`` (CUDA events, warm-up, median of many; it also clears
   L2 between runs) over input sets rotated so that they span more than the L2 cache.
+* ``kernel_time_ms``: the summed GPU time of the kernels alone (torch.profiler), for tuning.
 * ``copy_tbps``: the device-to-device copy of 4 GiB measured in the same run, bytes read + written.
 * ``poison``: fills freed allocator blocks of the outputs' sizes with NaN before a provider runs,
   so an output element it does not write shows as NaN instead of as stale correct data.
@@ -28,6 +29,16 @@ def time_ms(fn, input_sets: list, warmup_ms: int = 10, rep_ms: int = 40) -> floa
 
     cycle = itertools.cycle(input_sets)
     return float(triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def kernel_time_ms(fn, input_sets: list) -> float:
+    """Milliseconds the GPU spends in the kernels (and copies) of one ``fn(*inputs)``: the sum of
+    their durations under torch.profiler, medians of 5 calls on the first input set. Host time
+    and launch gaps are left out, so this measures launch settings, not what a caller waits for
+    (``bench_ops.py --timer kernels``; the grid's figures use :func:`time_ms`)."""
+    from kernelab.measure import measure_kernels
+
+    return sum(k.duration_us for k in measure_kernels(fn, input_sets[0])) / 1e3
 
 
 def sets_needed(bytes_per_set: int, cap: int = 64) -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from ..launch import enabled as launch_enabled, hooked, specialization
 from ..report import debug_level
 from . import codegen, fusion, ops_table
 
@@ -154,22 +155,6 @@ class _Call:
 # launching without Triton's per-call work
 
 
-def _specialization(arg):
-    """What Triton specializes a launch argument on: a pointer on 16-byte alignment, an integer on
-    equality to 1 and divisibility by 16; anything else on nothing (a float is passed as is)."""
-    if isinstance(arg, torch.Tensor):
-        return arg.data_ptr() % 16 == 0
-    if isinstance(arg, int) and not isinstance(arg, bool):
-        return (arg == 1, arg % 16 == 0)
-    return None
-
-
-def _hooked(hook) -> bool:
-    """A launch hook is installed (a profiler such as proton): Triton >= 3.6 keeps an empty
-    HookChain where older versions keep None."""
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
 def _no_direct(call: _Call, why: str) -> None:
     if debug_level() >= 2:
         name = getattr(call.kernel, "__name__", "a kernel")
@@ -215,7 +200,7 @@ class _DirectLaunch:
                 compiled = compiled.result()
             compiled._init_handles()
             return cls(compiled, tuple(call.grid) + (1,) * (3 - len(call.grid)),
-                       tuple(call.meta[n] for n in constexpr_names), tuple(_specialization(a) for a in varying),
+                       tuple(call.meta[n] for n in constexpr_names), tuple(specialization(a) for a in varying),
                        call.device.index if call.device.index is not None else torch.cuda.current_device(),
                        driver.active.get_current_stream, knobs)
         except Exception as exc:  # noqa: BLE001 - another Triton: the ordinary launch path still works
@@ -226,11 +211,11 @@ class _DirectLaunch:
         ``varying``: the arguments that can differ between calls with one cache key (the inputs and
         the symbolic scalars; outputs are fresh allocations, aligned, and the rest is cached)."""
         runtime = self.knobs.runtime
-        hooked = _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook)
-        if hooked or tuple(_specialization(a) for a in varying) != self.key:
+        hook = hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook)
+        if hook or tuple(specialization(a) for a in varying) != self.key:
             if debug_level() >= 3:
                 print(f"kernelab: {self.compiled.name} takes Triton's launch path "
-                      f"({'a launch hook is set' if hooked else 'other input alignment'})", file=sys.stderr)
+                      f"({'a launch hook is set' if hook else 'other input alignment'})", file=sys.stderr)
             return False
         c = self.compiled
         c.run(self.grid[0], self.grid[1], self.grid[2], self.stream_of(self.device_index), c.function,
@@ -301,7 +286,7 @@ class GroupRunner:
                 self.calls[key] = None
                 self.refuse(exc)
                 return self.reference(raw, scalars)
-            if not self.interpret and os.environ.get("KERNELAB_DIRECT_LAUNCH", "1") != "0":
+            if not self.interpret and launch_enabled():
                 call.direct = _DirectLaunch.bind(call, compiled, args, (*ins, *scalars))
         return outs
 

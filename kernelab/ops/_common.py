@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import Launcher
+
 
 class KernelabFallbackWarning(UserWarning):
     """A kernelab op ran its PyTorch reference instead of its Triton kernel."""
@@ -82,7 +84,13 @@ def call(op, launcher, *args):
 
 
 def eager_function(name: str, forward, setup_context, backward) -> type[torch.autograd.Function]:
-    """An autograd.Function built from the pieces registered on the custom op (shared, not copied)."""
+    """An autograd.Function built from the pieces registered on the custom op (shared, not copied).
+
+    Ops whose extra outputs are saved statistics (the norms' mean and rstd, cross-entropy's lse)
+    call ``ctx.set_materialize_grads(False)`` in ``setup_context``: autograd would otherwise
+    allocate and zero-fill a gradient for each of them on every backward (two fill kernels
+    measured in a layer_norm step on the H200), and their backward accepts None instead.
+    """
 
     def _forward(ctx, *args):
         out = forward(*args)
@@ -94,6 +102,20 @@ def eager_function(name: str, forward, setup_context, backward) -> type[torch.au
         (torch.autograd.Function,),
         {"forward": staticmethod(_forward), "backward": staticmethod(backward)},
     )
+
+
+# --------------------------------------------------------------------------- launching
+_LAUNCHERS: dict = {}
+
+
+def launch(kernel, grid):
+    """``launch(kernel, grid)(*args, num_warps=w, **constexprs)``: ``kernel[grid](...)`` through
+    ``kernelab.launch.Launcher`` (Triton's binding and specialization skipped while the arguments
+    specialize as at the first launch; the interpreter and launch hooks take Triton's path)."""
+    launcher = _LAUNCHERS.get(kernel)
+    if launcher is None:
+        launcher = _LAUNCHERS[kernel] = Launcher(kernel, INTERPRETED)
+    return functools.partial(launcher, grid)
 
 
 # --------------------------------------------------------------------------- tensors
@@ -134,28 +156,68 @@ def sm_count(device: torch.device) -> int:
 
 
 # --------------------------------------------------------------------------- launch configurations
+# Host-side arithmetic in plain Python: triton.cdiv and triton.next_power_of_2 are Triton
+# constexpr functions in recent Triton, ~4 us a call on the host (9 calls per layer_norm step).
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 # Memory-bound kernels want ~16 elements per thread (two or four 16-byte loads per operand in
 # flight) and programs big enough that per-program overhead vanishes.
 ELEMS_PER_THREAD = 16
+#: Most warps one program runs (32 = 1024 threads, the hardware's limit).
+MAX_WARPS = 32
 #: Longest row held in registers by one program (one tensor). Longer rows loop over chunks.
 MAX_FUSED = 16384
+#: Rows up to this long share a program in one-pass kernels (ROW_TILE elements of rows each).
+SHORT_ROW = 1024
+#: Overrides of the one-pass rule below (None: the rule), for tuning runs (bench_ops --tune-s).
+ROW_TILE = None
+ROW_PER_THREAD = None
 
 
-def warps_for(elements: int) -> int:
-    return max(1, min(32, elements // (32 * ELEMS_PER_THREAD)))
+def warps_for(elements: int, per_thread: int | None = None) -> int:
+    per_thread = per_thread or ELEMS_PER_THREAD
+    return max(1, min(MAX_WARPS, elements // (32 * per_thread)))
 
 
-def row_tile(m: int, n: int, max_fused: int = MAX_FUSED, tile: int = 4096) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for one-pass row kernels; several short rows per program."""
-    block_n = triton.next_power_of_2(max(n, 1))
+def row_tile(m: int, n: int, max_fused: int = MAX_FUSED, tile: int | None = None,
+             per_thread: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for one-pass row kernels.
+
+    The rule, from two tuning runs on the H200 (bf16 forwards, ``results/ops_tune1_h200.csv`` and
+    ``ops_tune2_h200.csv``; TB/s before -> after):
+
+    * rows of <= SHORT_ROW elements: programs of 1024 elements (4 rows of 256, one row of 1024),
+      one warp, 32 elements a thread. Softmax, log_softmax, layer_norm, rms_norm forwards at
+      N = 256 and 1024 went from 3.2-3.8 (4096-element programs of 8 warps) to 3.9-4.1;
+    * one row per program above that, 16 elements a thread (8 warps at 4096, 16 at 8192);
+    * 16384: 32 elements a thread, i.e. 16 warps, so that two programs share an SM (rms_norm
+      2.76 -> 4.00, log_softmax 2.26 -> 3.86; with 32 warps one program held a whole SM).
+
+    ``tile`` and ``per_thread`` override the rule (the norm backward passes its own).
+    """
+    block_n = next_pow2(max(n, 1))
     assert block_n <= max_fused
-    block_m = max(1, min(triton.next_power_of_2(max(m, 1)), tile // block_n))
-    return block_m, block_n, warps_for(block_m * block_n)
+    short = block_n <= SHORT_ROW
+    tile = tile or ROW_TILE or (SHORT_ROW if short else block_n)
+    per_thread = per_thread or ROW_PER_THREAD or (32 if short or block_n >= 16384 else 16)
+    block_m = max(1, min(next_pow2(max(m, 1)), tile // block_n))
+    return block_m, block_n, warps_for(block_m * block_n, per_thread)
+
+
+#: Chunk of a looped (long-row) kernel, in elements.
+CHUNK = 8192
 
 
 def chunk_config(elem_size: int) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) for looped kernels: 8192-element chunks, 16 per thread."""
-    return 8192, 16
+    """(BLOCK_N, num_warps) for looped kernels: CHUNK-element chunks, ELEMS_PER_THREAD per thread."""
+    return CHUNK, warps_for(CHUNK)
 
 
 #: Software-pipelining depth of the persistent row loops (norm backward, cross-entropy chunks):
@@ -169,7 +231,7 @@ def tile_grid(m: int, block_m: int, num_warps: int, device: torch.device) -> int
     """Programs of a one-pass row kernel: one per row block. Measured on the H200 (2026-12-02): a
     persistent grid of ~1024 threads per SM reached 3.2 TB/s on softmax 32768x4096, where one block
     per program (as Liger and Inductor launch) lets more programs share an SM and hide latency."""
-    return max(1, triton.cdiv(m, block_m))
+    return max(1, cdiv(m, block_m))
 
 
 #: Programs per SM of the looped (long-row) kernels. Measured (softmax fwd, bf16, H200): 1 per SM
@@ -180,6 +242,36 @@ LOOPED_PER_SM = 2
 def persistent_grid(m: int, row_bytes: int, device: torch.device) -> int:
     """Programs of a persistent looped row kernel: LOOPED_PER_SM per SM (or fewer rows)."""
     return max(1, min(m, sm_count(device) * LOOPED_PER_SM))
+
+
+# --------------------------------------------------------------------------- partial column sums
+@triton.jit
+def _sum_partials_kernel(a_ptr, b_ptr, out_a_ptr, out_b_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out_a[j] = sum_i a[i, j] (program axis 1 = 0) or out_b[j] = sum_i b[i, j] (axis 1 = 1): [P, N]
+    float32 partial rows, summed in float32, rounded once into the output's dtype."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    src, dst = a_ptr, out_a_ptr
+    if tl.program_id(1) == 1:
+        src, dst = b_ptr, out_b_ptr
+    acc = tl.zeros((BLOCK_P, BLOCK_N), tl.float32)
+    for start in range(0, P, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        mask = (rows[:, None] < P) & (cols[None, :] < N)
+        acc += tl.load(src + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0)
+    tl.store(dst + cols, tl.sum(acc, axis=0).to(dst.dtype.element_ty), mask=cols < N)
+
+
+def sum_partials(a: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype):
+    """Column sums of one or two [P, N] float32 buffers of per-program partial rows (weight and
+    bias gradients), in ``dtype``: one launch where torch would run a sum and a cast per buffer."""
+    p, n = a.shape
+    out_a = empty((n,), dtype, a.device)
+    out_b = empty((n,), dtype, a.device) if b is not None else None
+    launch(_sum_partials_kernel, (cdiv(n, 64), 1 if b is None else 2))(
+        a, b if b is not None else a, out_a, out_b if out_b is not None else out_a, p, n,
+        BLOCK_P=32, BLOCK_N=64, num_warps=4,
+    )
+    return out_a, out_b
 
 
 @triton.jit

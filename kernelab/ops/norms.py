@@ -28,11 +28,17 @@ import triton.language as tl
 from . import _common
 from ._common import row_offsets
 
+#: Longest row layer_norm's forward holds in registers. At 16384 the one-pass kernel (x, the
+#: centered x, w and b per element) ran at 2.3-2.5 TB/s and the looped one, which re-reads the
+#: row from L2, at 2.74-2.75 (H200, bf16, tuning rounds 2 and 4: results/ops_tune{2,4}_h200.csv).
+#: rms_norm keeps one pass up to MAX_FUSED (4.0 TB/s at 16384).
+LAYER_NORM_MAX_FUSED = 8192
 #: Longest row whose backward (x, dy, w and two accumulators per element) stays in registers.
 MAX_FUSED_BWD = 8192
 #: Backward programs per SM (each sums its rows' dw, db into one partial row) and tile elements.
 BWD_PROGRAMS_PER_SM = 4
 BWD_TILE = 2048
+BWD_PER_THREAD = 16
 
 
 # --------------------------------------------------------------------------- jitted helpers
@@ -238,16 +244,16 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool):
     x2, y2 = _common.as_rows(x, n), y.view(-1, n)
     w, b = weight, bias
     common = dict(RMS=rms, HAS_W=w is not None, HAS_B=b is not None)
-    if n <= _common.MAX_FUSED:
+    if n <= (_common.MAX_FUSED if rms else LAYER_NORM_MAX_FUSED):
         block_m, block_n, warps = _common.row_tile(m, n)
-        _norm_fwd_kernel[(_common.tile_grid(m, block_m, warps, x.device),)](
+        _common.launch(_norm_fwd_kernel, (_common.tile_grid(m, block_m, warps, x.device),))(
             x2, w, b, y2, mean, rstd, x2.stride(0), y2.stride(0), m, n, eps,
             **common, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
         )
     else:
         block_n, warps = _common.chunk_config(x.element_size())
         grid = _common.persistent_grid(m, n * x.element_size(), x.device)
-        _norm_fwd_looped_kernel[(grid,)](
+        _common.launch(_norm_fwd_looped_kernel, (grid,))(
             x2, w, b, y2, mean, rstd, x2.stride(0), y2.stride(0), m, n, eps,
             **common, BLOCK_N=block_n, num_warps=warps,
         )
@@ -268,32 +274,37 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
     sms = _common.sm_count(x.device)
     c = None
     if n <= MAX_FUSED_BWD:
-        block_m, block_n, warps = _common.row_tile(m, n, max_fused=MAX_FUSED_BWD, tile=BWD_TILE)
+        block_m, block_n, warps = _common.row_tile(m, n, max_fused=MAX_FUSED_BWD, tile=BWD_TILE, per_thread=BWD_PER_THREAD)
         col_blocks = 1
     else:
         # long rows: c1 and c2 first (one more read of x and dy), then column chunks
         block_m, block_n, warps = 1, 4096, 8
-        col_blocks = triton.cdiv(n, block_n)
+        col_blocks = _common.cdiv(n, block_n)
         c = torch.empty((m, 2), dtype=torch.float32, device=x.device)
-        _norm_bwd_stats_kernel[(m,)](
+        _common.launch(_norm_bwd_stats_kernel, (m,))(
             x2, weight, dy2, mean, rstd, c, x2.stride(0), dy2.stride(0), m, n,
             RMS=rms, HAS_W=weight is not None, BLOCK_N=4096, num_warps=8,
         )
-    row_programs = max(1, min(triton.cdiv(m, block_m), (BWD_PROGRAMS_PER_SM * sms) // col_blocks))
-    rows_per_program = triton.cdiv(triton.cdiv(m, row_programs), block_m) * block_m
-    row_programs = triton.cdiv(m, rows_per_program)
+    row_programs = max(1, min(_common.cdiv(m, block_m), (BWD_PROGRAMS_PER_SM * sms) // col_blocks))
+    rows_per_program = _common.cdiv(_common.cdiv(m, row_programs), block_m) * block_m
+    row_programs = _common.cdiv(m, rows_per_program)
     dw = torch.empty((row_programs, n), dtype=torch.float32, device=x.device) if need_dw else None
     db = torch.empty((row_programs, n), dtype=torch.float32, device=x.device) if need_db else None
-    _norm_bwd_kernel[(row_programs, col_blocks)](
+    _common.launch(_norm_bwd_kernel, (row_programs, col_blocks))(
         x2, weight, dy2, mean, rstd, c, dx2, dw, db,
         x2.stride(0), dy2.stride(0), dx2.stride(0), m, n, rows_per_program,
         RMS=rms, HAS_W=weight is not None, NEED_DW=need_dw, NEED_DB=need_db,
         ROW_IN_TILE=c is None, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.STAGES, num_warps=warps,
     )
-    # second step of the weight grads: sum the per-program partial rows
-    none = torch.empty((0,), dtype=wdtype, device=x.device)
-    dw = dw.sum(0).to(wdtype) if need_dw else none
-    db = db.sum(0).to(wdtype) if need_db else none
+    # second step of the weight grads: sum the per-program partial rows (one launch for both)
+    if need_dw and need_db:
+        dw, db = _common.sum_partials(dw, db, wdtype)
+    elif need_dw or need_db:
+        done = _common.sum_partials(dw if need_dw else db, None, wdtype)[0]
+        none = torch.empty((0,), dtype=wdtype, device=x.device)
+        dw, db = (done, none) if need_dw else (none, done)
+    else:
+        dw, db = (torch.empty((0,), dtype=wdtype, device=x.device) for _ in range(2))
     return dx, dw, db
 
 
@@ -332,9 +343,13 @@ def _setup_context(ctx, inputs, output):
     _, mean, rstd = output
     ctx.n, ctx.rms, ctx.has_bias = n, rms, bias is not None
     ctx.save_for_backward(x, weight, mean, rstd)
+    # mean and rstd are internal outputs: no zero gradients are built for them (see _common)
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dy, _dmean, _drstd):
+    if dy is None:
+        return None, None, None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
     need_dw = weight is not None and ctx.needs_input_grad[2]
     need_db = ctx.has_bias and ctx.needs_input_grad[3]

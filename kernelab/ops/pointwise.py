@@ -189,14 +189,14 @@ def _layout(a: torch.Tensor, b: torch.Tensor):
 
 def _grid(m: int, n: int, block_m: int, block_n: int, row_programs: int):
     """((column blocks, row groups), rows per program): row groups <= 65535 (grid axis 1)."""
-    row_programs = max(1, min(row_programs, triton.cdiv(m, block_m), 65535))
-    rows_per_program = triton.cdiv(triton.cdiv(m, row_programs), block_m) * block_m
-    return (triton.cdiv(n, block_n), triton.cdiv(m, rows_per_program)), rows_per_program
+    row_programs = max(1, min(row_programs, _common.cdiv(m, block_m), 65535))
+    rows_per_program = _common.cdiv(_common.cdiv(m, row_programs), block_m) * block_m
+    return (_common.cdiv(n, block_n), _common.cdiv(m, rows_per_program)), rows_per_program
 
 
 def _config(n: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps): 4096-element tiles, 16 elements per thread."""
-    block_n = min(triton.next_power_of_2(max(n, 1)), 4096)
+    block_n = min(_common.next_pow2(max(n, 1)), 4096)
     return max(1, 4096 // block_n), block_n, 8
 
 
@@ -208,8 +208,8 @@ def _pointwise_forward(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Ten
         return y
     y2 = y.view(m, n)
     block_m, block_n, warps = _config(n)
-    grid, rows_per_program = _grid(m, n, block_m, block_n, triton.cdiv(m, block_m))
-    _pointwise_fwd_kernel[grid](
+    grid, rows_per_program = _grid(m, n, block_m, block_n, _common.cdiv(m, block_m))
+    _common.launch(_pointwise_fwd_kernel, grid)(
         a2, b2, y2,
         a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), y2.stride(0),
         m, n, rows_per_program,
@@ -233,17 +233,17 @@ def _pointwise_backward(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, kind
     row_bias = list(b_shape) != list(shape) and b2.stride(0) == 0 and b2.stride(1) == 1 and m > 1
     if row_bias:
         mode = DB_ROWSUM.value
-        grid, rows_per_program = _grid(m, n, block_m, block_n, (4 * _common.sm_count(a.device)) // triton.cdiv(n, block_n))
+        grid, rows_per_program = _grid(m, n, block_m, block_n, (4 * _common.sm_count(a.device)) // _common.cdiv(n, block_n))
         db2 = torch.empty((grid[1], n), dtype=torch.float32, device=a.device)
     elif mul:
         mode = DB_FULL.value
-        grid, rows_per_program = _grid(m, n, block_m, block_n, triton.cdiv(m, block_m))
+        grid, rows_per_program = _grid(m, n, block_m, block_n, _common.cdiv(m, block_m))
         db2 = _common.empty((m, n), b.dtype, b.device)
     else:
         mode = DB_SAME.value
-        grid, rows_per_program = _grid(m, n, block_m, block_n, triton.cdiv(m, block_m))
+        grid, rows_per_program = _grid(m, n, block_m, block_n, _common.cdiv(m, block_m))
         db2 = None
-    _pointwise_bwd_kernel[grid](
+    _common.launch(_pointwise_bwd_kernel, grid)(
         dy2, a2, b2, da2, db2,
         dy2.stride(0), dy2.stride(1), a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1),
         da2.stride(0), db2.stride(0) if db2 is not None else 0,
@@ -253,7 +253,7 @@ def _pointwise_backward(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, kind
     )
     # gradients of broadcast operands: sum over the broadcast dims
     if mode == DB_ROWSUM.value:
-        db = db2.sum(0).to(b.dtype).reshape(b_shape)
+        db = _common.sum_partials(db2, None, b.dtype)[0].reshape(b_shape)
     elif mode == DB_FULL.value:
         db = db2.view(shape).sum_to_size(b_shape)
     elif list(b_shape) == list(shape):

@@ -26,6 +26,11 @@ from torch._prims_common import canonicalize_dim
 from . import _common
 from ._common import row_offsets
 
+#: Elements per program and per thread of the one-pass backward (it holds y and dy); None: the
+#: forward's rule (``_common.row_tile``).
+BWD_TILE = None
+BWD_PER_THREAD = None
+
 
 # --------------------------------------------------------------------------- jitted helpers
 @triton.jit
@@ -204,14 +209,14 @@ def _softmax_forward(x: torch.Tensor, log: bool) -> torch.Tensor:
     m = x2.shape[0]
     if n <= _common.MAX_FUSED:
         block_m, block_n, warps = _common.row_tile(m, n)
-        _softmax_fwd_kernel[(_common.tile_grid(m, block_m, warps, x.device),)](
+        _common.launch(_softmax_fwd_kernel, (_common.tile_grid(m, block_m, warps, x.device),))(
             x2, y2, x2.stride(0), y2.stride(0), m, n,
             LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
         )
     else:
         block_n, warps = _common.chunk_config(x.element_size())
         grid = _common.persistent_grid(m, n * x.element_size(), x.device)
-        _softmax_fwd_looped_kernel[(grid,)](
+        _common.launch(_softmax_fwd_looped_kernel, (grid,))(
             x2, y2, x2.stride(0), y2.stride(0), m, n,
             LOG=log, BLOCK_N=block_n, num_warps=warps,
         )
@@ -227,15 +232,15 @@ def _softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool) -> torch.Ten
     y2, dy2, dx2 = _common.as_rows(y, n), _common.as_rows(dy, n), dx.view(-1, n)
     m = y2.shape[0]
     if n <= _common.MAX_FUSED:
-        block_m, block_n, warps = _common.row_tile(m, n)
-        _softmax_bwd_kernel[(_common.tile_grid(m, block_m, warps, y.device),)](
+        block_m, block_n, warps = _common.row_tile(m, n, tile=BWD_TILE, per_thread=BWD_PER_THREAD)
+        _common.launch(_softmax_bwd_kernel, (_common.tile_grid(m, block_m, warps, y.device),))(
             y2, dy2, dx2, y2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
             LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
         )
     else:
         block_n, warps = _common.chunk_config(max(y.element_size(), dy.element_size()))
         grid = _common.persistent_grid(m, n * (y.element_size() + dy.element_size()), y.device)
-        _softmax_bwd_looped_kernel[(grid,)](
+        _common.launch(_softmax_bwd_looped_kernel, (grid,))(
             y2, dy2, dx2, y2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
             LOG=log, BLOCK_N=block_n, num_warps=warps,
         )

@@ -8,8 +8,9 @@ import kernelab.ops as K
 from tests.ops.conftest import DTYPES, assert_close, grads
 from tests.ops.helpers import randn, ref_copy
 
-# one-pass forward up to 16384, one-pass backward up to 8192, looped / two-kernel paths beyond
-SHAPES = [(1, 1), (5, 7), (9, 199), (3, 4097), (2, 8193), (2, 16385), (2, 65537), (1, 262144), (2, 3, 40)]
+# one-pass forward up to 16384 (rms_norm) or 8192 (layer_norm), one-pass backward up to 8192,
+# looped / two-kernel paths beyond
+SHAPES = [(1, 1), (5, 7), (9, 199), (3, 4097), (2, 8193), (2, 16384), (2, 16385), (2, 65537), (1, 262144), (2, 3, 40)]
 
 
 def check(rms, x, w=None, b=None, eps=1e-5, normalized_shape=None, seed=3):

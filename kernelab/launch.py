@@ -1,0 +1,123 @@
+"""Launching Triton kernels without Triton's per-call work, shared by ``kernelab.ops`` and the compiler.
+
+``kernel[grid](*args, **constexprs)`` binds the arguments to the signature, computes their
+specialization key, looks the binary up and builds the launcher's argument list, every call: tens
+of microseconds of Python on a GPU host (15-20 us a launch on the H200's host, measured with
+``benchmarks/compiler_overhead.py``), which is what a fused op's forward+backward step waits for
+at sizes where its kernels run for a few hundred microseconds.
+
+A launch binds to the compiled binary once. Later launches whose arguments specialize alike
+(:func:`specialization`: the same dtypes, the same 16-byte alignment of every pointer, the same
+integer classes) and whose constexprs and warps are the same call the binary's launcher directly,
+with the argument list Triton itself passes it (every argument in signature order, constexprs
+included; Triton >= 3.3). Anything else takes Triton's ordinary path: the interpreter, a launch
+hook (a profiler such as proton), ``KERNELAB_DIRECT_LAUNCH=0``, another Triton.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+_I32 = (-(2**31), 2**31)
+
+
+def specialization(arg):
+    """What Triton specializes a launch argument on: a tensor on its dtype and 16-byte alignment,
+    an integer on equality to 1, divisibility by 16 and its integer type (i32, u32 or i64 by
+    range); None and booleans on their value; anything else (a float) on nothing."""
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0)
+    if isinstance(arg, bool) or arg is None:
+        return (arg,)
+    if isinstance(arg, int):
+        return (arg == 1, arg % 16 == 0, _I32[0] <= arg < _I32[1], arg < 2**32)
+    return None
+
+
+def hooked(hook) -> bool:
+    """A launch hook is installed (a profiler such as proton): Triton >= 3.6 keeps an empty
+    HookChain where older versions keep None."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def enabled() -> bool:
+    """Direct launches are on (``KERNELAB_DIRECT_LAUNCH=0`` turns them off)."""
+    return os.environ.get("KERNELAB_DIRECT_LAUNCH", "1") != "0"
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_supported() -> bool:
+    import triton
+
+    return tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 3)
+
+
+def _current_device() -> int:
+    """The device Triton launches on: the current CUDA device (not the tensors')."""
+    return torch.cuda.current_device()
+
+
+def _current_stream(device: int):
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_stream(device)
+
+
+def _on_cuda(args) -> bool:
+    """The launch's first tensor argument is on a CUDA device (else Triton's path decides)."""
+    return next((a.is_cuda for a in args if isinstance(a, torch.Tensor)), False)
+
+
+class Launcher:
+    """``Launcher(kernel)(grid, *args, num_warps=w, **constexprs)`` does what
+    ``kernel[grid](*args, num_warps=w, **constexprs)`` does.
+
+    ``args`` are the kernel's leading, non-constexpr parameters in order; ``constexprs`` name every
+    remaining one. One entry per (argument specialization, constexprs, warps, device): the first
+    launch of an entry goes through Triton (compiling if needed) and binds its binary.
+    """
+
+    def __init__(self, kernel, interpreted: bool):
+        self.kernel = kernel
+        self.interpreted = interpreted
+        self.bound: dict = {}
+
+    def __call__(self, grid, *args, num_warps: int, **constexprs):
+        if self.interpreted or not enabled() or not _triton_supported() or not _on_cuda(args):
+            return self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+        from triton import knobs
+
+        runtime = knobs.runtime
+        if hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook):
+            return self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+        device = _current_device()
+        key = (tuple(specialization(a) for a in args), tuple(constexprs.items()), num_warps, device)
+        entry = self.bound.get(key)
+        if entry is None:
+            compiled = self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+            self.bound[key] = self._bind(compiled, len(args), constexprs)
+            return compiled
+        compiled, tail = entry if entry is not False else (None, None)
+        if compiled is None:
+            return self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        compiled.run(grid[0], grid[1], grid[2], _current_stream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *args, *tail)
+        return compiled
+
+    def _bind(self, compiled, n_args: int, constexprs: dict):
+        """(binary, constexpr values in signature order), or False where the signature is not
+        (args..., constexprs...) as this launcher assumes: those launches keep Triton's path."""
+        rest = list(self.kernel.arg_names)[n_args:]
+        if sorted(rest) != sorted(constexprs):
+            return False
+        try:
+            if hasattr(compiled, "result"):  # an asynchronous compile's future
+                compiled = compiled.result()
+            compiled._init_handles()
+        except Exception:  # noqa: BLE001 - another Triton: its ordinary path still works
+            return False
+        return compiled, tuple(constexprs[n] for n in rest)

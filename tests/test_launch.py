@@ -1,0 +1,127 @@
+"""kernelab.launch: direct launches bound to a compiled binary, with Triton's path as the fallback.
+
+No GPU here: a fake kernel stands in for a JITFunction (``kernel[grid](...)`` records the call and
+returns a fake binary whose ``run`` records the direct launches), and the CUDA-only lookups
+(device, stream, tensors on CUDA) are patched.
+"""
+
+import pytest
+import torch
+
+from kernelab import launch as L
+
+
+class FakeBinary:
+    def __init__(self):
+        self.runs = []
+        self.function, self.packed_metadata = "fn", "meta"
+
+    def _init_handles(self):
+        pass
+
+    def run(self, *args):
+        self.runs.append(args)
+
+
+class FakeKernel:
+    arg_names = ["x_ptr", "y_ptr", "n", "eps", "BLOCK", "FLAG"]
+
+    def __init__(self):
+        self.triton_calls = []
+        self.binary = FakeBinary()
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.triton_calls.append((grid, args, kwargs))
+            return self.binary
+
+        return run
+
+
+@pytest.fixture
+def cuda_free(monkeypatch):
+    monkeypatch.setattr(L, "_on_cuda", lambda args: True)
+    monkeypatch.setattr(L, "_current_device", lambda: 0)
+    monkeypatch.setattr(L, "_current_stream", lambda device: f"stream{device}")
+    monkeypatch.delenv("KERNELAB_DIRECT_LAUNCH", raising=False)
+
+
+def _args(n=4096, offset=0):
+    x = torch.zeros(64)[offset:]
+    return x, torch.zeros(64), n, 1e-5
+
+
+def test_specialization_is_what_triton_specializes_on():
+    x = torch.zeros(8)
+    assert L.specialization(x) == (torch.float32, True)
+    assert L.specialization(x[1:]) == (torch.float32, False)  # 4 bytes past a 16-byte boundary
+    assert L.specialization(x.half()) != L.specialization(x)
+    assert L.specialization(1) != L.specialization(2)        # == 1 is specialized away
+    assert L.specialization(32) != L.specialization(33)      # divisibility by 16
+    assert L.specialization(2**31 + 16) != L.specialization(16)  # i32 -> u32 / i64
+    assert L.specialization(2**32 + 16) != L.specialization(2**31 + 16)
+    assert L.specialization(None) != L.specialization(False)
+    assert L.specialization(1.5) is None
+
+
+def test_second_launch_calls_the_binary_with_constexprs_in_signature_order(cuda_free):
+    kernel = FakeKernel()
+    launcher = L.Launcher(kernel, interpreted=False)
+    launcher((8,), *_args(), num_warps=4, FLAG=True, BLOCK=256)
+    assert len(kernel.triton_calls) == 1 and not kernel.binary.runs
+    args = _args()
+    launcher((8,), *args, num_warps=4, FLAG=True, BLOCK=256)
+    assert len(kernel.triton_calls) == 1
+    (run,) = kernel.binary.runs
+    assert run[:7] == (8, 1, 1, "stream0", "fn", "meta", None)
+    assert run[9:] == (*args, 256, True)  # BLOCK, FLAG: the signature's order, not the call's
+
+
+def test_other_specializations_take_the_triton_path_and_bind_their_own(cuda_free):
+    kernel = FakeKernel()
+    launcher = L.Launcher(kernel, interpreted=False)
+    launcher((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    launcher((8,), *_args(offset=1), num_warps=4, BLOCK=256, FLAG=True)   # misaligned pointer
+    launcher((8,), *_args(n=4097), num_warps=4, BLOCK=256, FLAG=True)     # n not divisible by 16
+    launcher((8,), *_args(), num_warps=8, BLOCK=256, FLAG=True)           # other warps
+    launcher((8,), *_args(), num_warps=4, BLOCK=512, FLAG=True)           # other constexpr
+    assert len(kernel.triton_calls) == 5 and not kernel.binary.runs
+    launcher((8,), *_args(offset=1), num_warps=4, BLOCK=256, FLAG=True)
+    assert len(kernel.binary.runs) == 1
+
+
+def test_interpreter_switch_and_hooks_take_the_triton_path(cuda_free, monkeypatch):
+    kernel = FakeKernel()
+    L.Launcher(kernel, interpreted=True)((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    L.Launcher(kernel, interpreted=True)((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    assert len(kernel.triton_calls) == 2 and not kernel.binary.runs
+
+    monkeypatch.setenv("KERNELAB_DIRECT_LAUNCH", "0")
+    launcher = L.Launcher(kernel, interpreted=False)
+    for _ in range(2):
+        launcher((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    assert len(kernel.triton_calls) == 4 and not kernel.binary.runs
+
+    monkeypatch.delenv("KERNELAB_DIRECT_LAUNCH")
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
+    for _ in range(2):
+        launcher((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    assert len(kernel.triton_calls) == 6 and not kernel.binary.runs
+
+
+def test_a_signature_it_does_not_understand_keeps_the_triton_path(cuda_free):
+    kernel = FakeKernel()
+    launcher = L.Launcher(kernel, interpreted=False)
+    for _ in range(3):  # FLAG missing from the constexprs: Triton's default would apply
+        launcher((8,), *_args(), num_warps=4, BLOCK=256)
+    assert len(kernel.triton_calls) == 3 and not kernel.binary.runs
+
+
+def test_cpu_tensors_take_the_triton_path(monkeypatch):
+    kernel = FakeKernel()
+    launcher = L.Launcher(kernel, interpreted=False)
+    for _ in range(2):
+        launcher((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    assert len(kernel.triton_calls) == 2
