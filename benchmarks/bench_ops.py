@@ -46,31 +46,23 @@ def tune_variants() -> list:
     preceded by the default ("default", no change) in the same run. Rounds 1-3 (results/
     ops_tune{1,2,3}_h200.csv, do_bench) set the one-pass forward rule (``_common.row_tile``); their
     forward+backward rows swung with the host's speed (the same setting measured 2.7 and 3.9 TB/s).
-    Round 4, run with ``--timer kernels`` (GPU time only), takes the backward settings."""
+    Round 4 (``--timer kernels``: GPU time only) took the backward and cross-entropy settings.
+    Round 5 (``--timer kernels``): layer_norm at 16384, one sweep over registers or looped."""
     out = []
 
     def group(op, shape, backward, variants):
         out.append((op, shape, backward, "default", {}))
         out.extend((op, shape, backward, label, change) for label, change in variants)
 
-    softmax_bwd = [("bwd tile 4096, 16/thread", {"softmax.BWD_TILE": 4096, "softmax.BWD_PER_THREAD": 16}),
-                   ("bwd 16/thread", {"softmax.BWD_PER_THREAD": 16}),
-                   ("bwd tile 2048, 32/thread", {"softmax.BWD_TILE": 2048, "softmax.BWD_PER_THREAD": 32})]
-    for shape in ((524288, 256), (131072, 1024), (32768, 4096), (16384, 16384)):
-        group("softmax", shape, True, softmax_bwd)
-    norm_bwd = [(f"bwd {p}/SM tile {t} {e}/thread",
-                 {"norms.BWD_PROGRAMS_PER_SM": p, "norms.BWD_TILE": t, "norms.BWD_PER_THREAD": e})
-                for p, t, e in ((8, 2048, 16), (16, 2048, 16), (32, 2048, 16), (8, 4096, 16), (16, 4096, 16),
-                                (8, 8192, 16), (8, 2048, 32), (16, 4096, 32), (32, 1024, 16), (32, 1024, 32))]
-    for op in ("layer_norm", "rms_norm"):
-        for shape in ((524288, 256), (131072, 1024), (32768, 4096)):
-            group(op, shape, True, norm_bwd)
-        group(op, (16384, 16384), True, [(f"bwd {p}/SM", {"norms.BWD_PROGRAMS_PER_SM": p}) for p in (8, 16)])
-    for shape in ((32768, 4096), (8192, 32000), (4096, 128256)):
-        group("cross_entropy", shape, True, [(f"bwd chunk {c}", {"cross_entropy.BWD_BLOCK_C": c}) for c in (1024, 2048, 8192)])
-    group("cross_entropy", (32768, 4096), False, [(f"fwd chunk {c}", {"cross_entropy.FWD_BLOCK_C": c}) for c in (1024, 2048)])
-    group("cross_entropy", (8192, 32000), False, [(f"fwd chunk {c}", {"cross_entropy.FWD_BLOCK_C": c}) for c in (2048, 8192)])
-    group("layer_norm", (16384, 16384), False, [("looped (MAX_FUSED 8192)", {"_common.MAX_FUSED": 8192})])
+    one_pass = {"norms.LAYER_NORM_MAX_FUSED": 16384}
+    for shape in ((16384, 16384), (32768, 16384)):
+        group("layer_norm", shape, False, [
+            ("one sweep, 16 warps", one_pass),
+            ("one sweep, maxnreg 64", {**one_pass, "norms.LONG_ROW_MAXNREG": 64}),
+            ("one sweep, 32 warps", {**one_pass, "_common.ROW_PER_THREAD": 16}),
+            ("two-step, 16 warps, maxnreg 64", {**one_pass, "norms.ONE_SWEEP_FROM": 32768, "norms.LONG_ROW_MAXNREG": 64}),
+        ])
+    group("layer_norm", (16384, 16384), True, [("one sweep fwd, maxnreg 64", {**one_pass, "norms.LONG_ROW_MAXNREG": 64})])
     return out
 
 

@@ -85,24 +85,26 @@ class Launcher:
         self.interpreted = interpreted
         self.bound: dict = {}
 
-    def __call__(self, grid, *args, num_warps: int, **constexprs):
+    def __call__(self, grid, *args, num_warps: int, maxnreg: int | None = None, **constexprs):
+        # maxnreg (a register cap for ptxas) is a compile option: the interpreter has none
+        options = {"num_warps": num_warps} if maxnreg is None or self.interpreted else {"num_warps": num_warps, "maxnreg": maxnreg}
         if self.interpreted or not enabled() or not _triton_supported() or not _on_cuda(args):
-            return self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+            return self.kernel[grid](*args, **options, **constexprs)
         from triton import knobs
 
         runtime = knobs.runtime
         if hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook):
-            return self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+            return self.kernel[grid](*args, **options, **constexprs)
         device = _current_device()
-        key = (tuple(specialization(a) for a in args), tuple(constexprs.items()), num_warps, device)
+        key = (tuple(specialization(a) for a in args), tuple(constexprs.items()), num_warps, maxnreg, device)
         entry = self.bound.get(key)
         if entry is None:
-            compiled = self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+            compiled = self.kernel[grid](*args, **options, **constexprs)
             self.bound[key] = self._bind(compiled, len(args), constexprs)
             return compiled
         compiled, tail = entry if entry is not False else (None, None)
         if compiled is None:
-            return self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+            return self.kernel[grid](*args, **options, **constexprs)
         grid = tuple(grid) + (1,) * (3 - len(grid))
         compiled.run(grid[0], grid[1], grid[2], _current_stream(device), compiled.function,
                      compiled.packed_metadata, None, None, None, *args, *tail)

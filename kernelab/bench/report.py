@@ -108,3 +108,47 @@ def plot(rows: list[Row], out_dir: str | os.PathLike) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def load_csv(path: str | os.PathLike) -> list[Row]:
+    """Rows written by :func:`append_csv`, typed back (for redrawing plots and tables)."""
+    fields = {f.name.rstrip("_"): f for f in dataclasses.fields(Row)}
+    rows = []
+    with Path(path).open(newline="") as f:
+        for raw in csv.DictReader(f):
+            values = {}
+            for name, field in fields.items():
+                text = raw.get(name, "")
+                kind = str(field.type)
+                if text == "" and "None" in kind:
+                    value = None
+                elif kind.startswith("float"):
+                    value = float(text)
+                elif kind.startswith("int"):
+                    value = int(text)
+                else:
+                    value = text
+                values[field.name] = value
+            rows.append(Row(**values))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kernelab.bench.report OPS_BENCH_CSV OUT_DIR``: redraw the plots and print the table."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("csv", type=Path)
+    p.add_argument("out", type=Path)
+    args = p.parse_args(argv)
+    if not args.csv.is_file():
+        p.error(f"{args.csv}: no such file")
+    rows = load_csv(args.csv)
+    for path in plot(rows, args.out):
+        print(path)
+    table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -29,10 +29,16 @@ from . import _common
 from ._common import row_offsets
 
 #: Longest row layer_norm's forward holds in registers. At 16384 the one-pass kernel (x, the
-#: centered x, w and b per element) ran at 2.3-2.5 TB/s and the looped one, which re-reads the
-#: row from L2, at 2.74-2.75 (H200, bf16, tuning rounds 2 and 4: results/ops_tune{2,4}_h200.csv).
-#: rms_norm keeps one pass up to MAX_FUSED (4.0 TB/s at 16384).
+#: centered x, w and b per element: 100 registers a thread at 16 warps, one program per SM) ran at
+#: 2.3-2.5 TB/s and the looped one, which re-reads the row from L2, at 2.74-2.76 (H200, bf16,
+#: results/ops_tune{2,4}_h200.csv and the grid). rms_norm keeps one pass up to MAX_FUSED (4.0 TB/s
+#: at 16384, 64 registers: two programs per SM).
 LAYER_NORM_MAX_FUSED = 8192
+#: Rows from this long on take the one-sweep statistics (shifted sums, below), which hold only x;
+#: with LONG_ROW_MAXNREG, ptxas is held to that many registers (a few spill to the stack) so that
+#: two 16-warp programs fit an SM. Both only matter when LAYER_NORM_MAX_FUSED admits 16384.
+ONE_SWEEP_FROM = 16384
+LONG_ROW_MAXNREG = None
 #: Longest row whose backward (x, dy, w and two accumulators per element) stays in registers.
 MAX_FUSED_BWD = 8192
 #: Backward programs per SM (each sums its rows' dw, db into one partial row) and tile elements.
@@ -70,7 +76,7 @@ def _norm_fwd_kernel(
     stride_x, stride_y,
     M, N,
     eps,
-    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ONE_SWEEP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Blocks of BLOCK_M whole rows held in registers (one block per program as launched): x read
@@ -81,14 +87,27 @@ def _norm_fwd_kernel(
         mask = row_ok[:, None] & col_ok[None, :]
         # load x
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        # reduce: mean, then the centered second moment (exact two-step: the row is in registers)
+        # reduce: mean and the centered second moment
         if RMS:
             mean = tl.zeros((BLOCK_M,), tl.float32)
+            var = tl.sum(x * x, axis=1) / N
             xc = x
+        elif ONE_SWEEP:
+            # both sums in one sweep, shifted by the row's first element k (var = E[(x-k)^2] -
+            # E[x-k]^2 cancels nothing while k is within a few deviations of the mean): x is the
+            # only row-sized value held, which keeps long rows at two programs per SM
+            k = tl.load(x_ptr + rows * stride_x, mask=row_ok, other=0.0).to(tl.float32)
+            xs = tl.where(mask, x - k[:, None], 0.0)
+            mean_s = tl.sum(xs, axis=1) / N
+            var = tl.maximum(tl.sum(xs * xs, axis=1) / N - mean_s * mean_s, 0.0)
+            mean = mean_s + k
+            xc = xs - mean_s[:, None]
         else:
+            # exact two-step (the row is in registers)
             mean = tl.sum(x, axis=1) / N
             xc = tl.where(mask, x - mean[:, None], 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
+            var = tl.sum(xc * xc, axis=1) / N
+        rstd = 1.0 / tl.sqrt(var + eps)
         # normalize, scale, shift, store y and the row statistics
         y = _affine(xc * rstd[:, None], w_ptr, b_ptr, cols[None, :], col_ok[None, :], HAS_W, HAS_B)
         tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -248,7 +267,9 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool):
         block_m, block_n, warps = _common.row_tile(m, n)
         _common.launch(_norm_fwd_kernel, (_common.tile_grid(m, block_m, warps, x.device),))(
             x2, w, b, y2, mean, rstd, x2.stride(0), y2.stride(0), m, n, eps,
-            **common, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
+            **common, ONE_SWEEP=block_n >= ONE_SWEEP_FROM, BLOCK_M=block_m, BLOCK_N=block_n,
+            STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
+            maxnreg=LONG_ROW_MAXNREG if block_n >= 16384 and not rms else None,
         )
     else:
         block_n, warps = _common.chunk_config(x.element_size())

@@ -246,3 +246,69 @@ def test_generated_runner_matches_the_step_loop(monkeypatch, capfd):
     for a, b, e in zip(generated, looped, eager()):
         torch.testing.assert_close(a, b)
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+
+def test_view_chains_run_as_one_as_strided(monkeypatch, capfd):
+    """Views between two ATen ops (a qkv split: view, select, permute) are replayed as one
+    as_strided of their root in the generated runner; values and gradients match eager, on the
+    first call (views run) and the next ones (as_strided)."""
+    def attention_like(x, w):
+        qkv = (x @ w).view(2, 4, 3, 2, 8)
+        q, k = qkv.select(2, 0).permute(0, 2, 1, 3), qkv.select(2, 1).permute(0, 2, 3, 1)
+        return (q @ k).softmax(-1)
+
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 4, 16, generator=gen), torch.randn(16, 48, generator=gen)
+    monkeypatch.setenv("KERNELAB_DEBUG", "3")
+    torch._dynamo.reset()
+    fast = klc.compile(attention_like)
+    with torch.no_grad():
+        outs = [fast(x, w) for _ in range(3)]
+    source = capfd.readouterr().err
+    runner = source[source.index("def run(args):"):]
+    runner = runner[: runner.index("return")]
+    assert runner.count("= f") == 2, runner            # one chain each for q and k
+    assert "select" not in runner and "permute" not in runner
+    for out in outs:
+        torch.testing.assert_close(out, attention_like(x, w))
+    # gradients through the chains
+    torch._dynamo.reset()
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    got = torch.autograd.grad(klc.compile(attention_like)(xg, wg).pow(2).sum(), [xg, wg])
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    want = torch.autograd.grad(attention_like(xe, we).pow(2).sum(), [xe, we])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_view_chain_replays_only_for_the_layout_it_recorded():
+    """_ViewChain records the result of its views for one root layout; another layout (same
+    shape, other strides or offset) runs the views again instead of a stale as_strided."""
+    from kernelab.compiler.runtime import _ViewChain
+
+    aten = torch.ops.aten
+    chain = _ViewChain([(aten.view.default, ([4, 6],)), (aten.select.int, (1, 2)), (aten.unsqueeze.default, (0,))])
+    base = torch.arange(48.0)
+    for root in (base[:24], base[:24], base[24:], base.view(6, 8)[:, :4].reshape(24), base[:48:2]):
+        want = root.view(4, 6).select(1, 2).unsqueeze(0)
+        got = chain(root)
+        assert got.shape == want.shape and got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
+    assert chain.key is not None
+
+
+def test_a_view_the_graph_returns_is_not_folded(capfd, monkeypatch):
+    """Graph outputs keep their own view op (aot_autograd regenerates aliased outputs from them)."""
+    def fn(x, w):
+        y = (x @ w).view(3, 2, 4)
+        return y.permute(1, 0, 2), y.sum()
+
+    monkeypatch.setenv("KERNELAB_DEBUG", "3")
+    torch._dynamo.reset()
+    x, w = torch.randn(6, 5), torch.randn(5, 4)
+    with torch.no_grad():
+        a, s = klc.compile(fn)(x, w)
+    ra, rs = fn(x, w)
+    torch.testing.assert_close(a, ra)
+    torch.testing.assert_close(s, rs)
+    assert a.stride() == ra.stride()
