@@ -28,17 +28,12 @@ import triton.language as tl
 from . import _common
 from ._common import row_offsets
 
-#: Longest row layer_norm's forward holds in registers. At 16384 the one-pass kernel (x, the
-#: centered x, w and b per element: 100 registers a thread at 16 warps, one program per SM) ran at
-#: 2.3-2.5 TB/s and the looped one, which re-reads the row from L2, at 2.74-2.76 (H200, bf16,
-#: results/ops_tune{2,4}_h200.csv and the grid). rms_norm keeps one pass up to MAX_FUSED (4.0 TB/s
-#: at 16384, 64 registers: two programs per SM).
-LAYER_NORM_MAX_FUSED = 8192
-#: Rows from this long on take the one-sweep statistics (shifted sums, below), which hold only x;
-#: with LONG_ROW_MAXNREG, ptxas is held to that many registers (a few spill to the stack) so that
-#: two 16-warp programs fit an SM. Both only matter when LAYER_NORM_MAX_FUSED admits 16384.
-ONE_SWEEP_FROM = 16384
-LONG_ROW_MAXNREG = None
+#: layer_norm's one-pass forward at 16384 columns holds x, the centered x, w and b: 100 registers
+#: a thread at 16 warps, so one program per SM (2.49 TB/s on the H200, bf16; the looped kernel,
+#: which re-reads rows from L2, 2.74). Capped at 64 registers (ptxas spills ~48 bytes a thread to
+#: the stack), two programs share an SM: 3.37-3.40 TB/s (results/ops_tune5_h200.csv, GPU time of
+#: the kernel; 3.33-3.38 under do_bench). rms_norm needs 64 without a cap.
+LONG_ROW_MAXNREG = 64
 #: Longest row whose backward (x, dy, w and two accumulators per element) stays in registers.
 MAX_FUSED_BWD = 8192
 #: Backward programs per SM (each sums its rows' dw, db into one partial row) and tile elements.
@@ -76,7 +71,7 @@ def _norm_fwd_kernel(
     stride_x, stride_y,
     M, N,
     eps,
-    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ONE_SWEEP: tl.constexpr,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Blocks of BLOCK_M whole rows held in registers (one block per program as launched): x read
@@ -92,16 +87,6 @@ def _norm_fwd_kernel(
             mean = tl.zeros((BLOCK_M,), tl.float32)
             var = tl.sum(x * x, axis=1) / N
             xc = x
-        elif ONE_SWEEP:
-            # both sums in one sweep, shifted by the row's first element k (var = E[(x-k)^2] -
-            # E[x-k]^2 cancels nothing while k is within a few deviations of the mean): x is the
-            # only row-sized value held, which keeps long rows at two programs per SM
-            k = tl.load(x_ptr + rows * stride_x, mask=row_ok, other=0.0).to(tl.float32)
-            xs = tl.where(mask, x - k[:, None], 0.0)
-            mean_s = tl.sum(xs, axis=1) / N
-            var = tl.maximum(tl.sum(xs * xs, axis=1) / N - mean_s * mean_s, 0.0)
-            mean = mean_s + k
-            xc = xs - mean_s[:, None]
         else:
             # exact two-step (the row is in registers)
             mean = tl.sum(x, axis=1) / N
@@ -263,11 +248,11 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool):
     x2, y2 = _common.as_rows(x, n), y.view(-1, n)
     w, b = weight, bias
     common = dict(RMS=rms, HAS_W=w is not None, HAS_B=b is not None)
-    if n <= (_common.MAX_FUSED if rms else LAYER_NORM_MAX_FUSED):
+    if n <= _common.MAX_FUSED:
         block_m, block_n, warps = _common.row_tile(m, n)
         _common.launch(_norm_fwd_kernel, (_common.tile_grid(m, block_m, warps, x.device),))(
             x2, w, b, y2, mean, rstd, x2.stride(0), y2.stride(0), m, n, eps,
-            **common, ONE_SWEEP=block_n >= ONE_SWEEP_FROM, BLOCK_M=block_m, BLOCK_N=block_n,
+            **common, BLOCK_M=block_m, BLOCK_N=block_n,
             STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
             maxnreg=LONG_ROW_MAXNREG if block_n >= 16384 and not rms else None,
         )

@@ -67,6 +67,8 @@ def specialize(kernel: JITFunction, args, kwargs):
 def compile_sm90(kernel, args, kwargs) -> dict:
     sig, constexprs, attrs = specialize(kernel, args, kwargs)
     options = {"num_warps": kwargs.get("num_warps", 4), "num_stages": kwargs.get("num_stages", 3)}
+    if kwargs.get("maxnreg"):
+        options["maxnreg"] = kwargs["maxnreg"]
     compiled = triton.compile(ASTSource(kernel, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
@@ -108,11 +110,13 @@ def main() -> int:
     for label, work in workloads():
         for kernel, args, kwargs in record_launches(work):
             sig, constexprs, attrs = specialize(kernel, args, kwargs)
-            key = (kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(constexprs.items())), tuple(sorted(attrs)), kwargs.get("num_warps"))
+            key = (kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(constexprs.items())), tuple(sorted(attrs)),
+                   kwargs.get("num_warps"), kwargs.get("maxnreg"))
             if key in done:
                 continue
             done.add(key)
-            name = f"{label:12s} {kernel.fn.__name__:30s} warps={kwargs.get('num_warps', 4):2d}"
+            cap = f" maxnreg={kwargs['maxnreg']}" if kwargs.get("maxnreg") else ""
+            name = f"{label:12s} {kernel.fn.__name__:30s} warps={kwargs.get('num_warps', 4):2d}{cap}"
             try:
                 r = compile_sm90(kernel, args, kwargs)
             except Exception as e:  # noqa: BLE001 - report every failure, keep going

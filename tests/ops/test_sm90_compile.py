@@ -1,5 +1,7 @@
 """Every kernel configuration the launchers pick compiles for sm_90 (H100/H200) without a GPU, and
-the bfloat16 ones (the benchmark's) do not spill registers to local memory.
+the bfloat16 ones (the benchmark's) do not spill registers to local memory, except where a launch
+caps the registers on purpose (``maxnreg``: layer_norm at 16384 columns, measured faster with a few
+spilled words than with one program per SM), and there by at most 64 bytes a thread.
 
 The interpreter runs the kernels' Python, not Triton's compiler: this catches what it cannot
 (front-end rules such as constexpr-only globals, register spills)."""
@@ -23,5 +25,10 @@ def test_every_configuration_compiles_for_sm90():
     out = subprocess.run([sys.executable, "-m", "tests.ops.sm90"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     lines = [line for line in out.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
     assert out.returncode == 0 and lines, out.stdout[-3000:] + out.stderr[-3000:]
-    spills = [line for line in lines if line.startswith("ok   bf16") and not line.endswith("spill(stack+local)=0")]
+    def spilled(line: str) -> int:
+        return int(line.rsplit("=", 1)[1])
+
+    spills = [line for line in lines if line.startswith("ok   bf16") and spilled(line)
+              and not ("maxnreg=" in line and spilled(line) <= 64)]
     assert not spills, "\n".join(spills)
+    assert any("maxnreg=" in line for line in lines)  # the capped configuration was compiled
