@@ -15,6 +15,12 @@
 
 Writes under OUT_DIR: ops_bench.csv (one row per op/shape/pass/provider, GPU, versions and date in
 every row), ops_checks.csv, ops_<op>_<dtype>.png, and prints the table last.
+
+    python benchmarks/bench_ops.py OUT_DIR --tune-s 120 [--timer kernels]
+
+runs only the launch-setting tune (``tune_variants``, kernelab alone, each setting next to the
+default in the same run) and writes ops_tune.csv; ``--timer kernels`` times the kernels' GPU time
+instead of do_bench. ``python -m kernelab.bench.report ops_bench.csv DIR`` redraws the plots.
 """
 
 from __future__ import annotations
