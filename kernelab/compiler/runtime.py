@@ -36,6 +36,20 @@ META = torch.device("meta")
 # Longest row (a power of two) kept in registers by one block. Interpreted: 4096, so that the
 # tests' 4097-long rows take the looped path.
 PERSISTENT_MAX = {"gpu": 8192, "interpreter": 4096}
+#: Launch options in a call's meta that are not kernel parameters.
+_OPTIONS = ("num_warps", "maxnreg")
+
+
+def row_maxnreg() -> int:
+    """Register cap for persistent row kernels of 16 warps (rows of 8192 on the GPU) whose binary
+    needs more (``GroupRunner.register_cap``), 0 for none.
+
+    16 warps need <= 64 registers a thread for two programs to share an SM. The layer norm kernel
+    over rows of 8192 needs 85 (sm_90 ptxas; 64 and 64 bytes of stack capped); RMS norm and
+    softmax need 64 or fewer and are left alone. The ops' layer_norm at 16384 went from 2.5 to
+    3.4 TB/s on the H200 with such a cap (results/ops_tune5_h200.csv). For the compiler's kernels
+    it is not timed yet, so it is off unless ``KERNELAB_ROW_MAXNREG=64`` (or another cap) is set."""
+    return int(os.environ.get("KERNELAB_ROW_MAXNREG", "0") or 0)
 
 
 def cache_dir() -> str:
@@ -194,7 +208,7 @@ class _DirectLaunch:
                 return _no_direct(call, f"Triton {triton.__version__} < 3.3 passes other launcher arguments")
             names = list(call.kernel.arg_names)
             constexpr_names = names[len(args):]
-            if len(args) > len(names) or sorted(constexpr_names) != sorted(k for k in call.meta if k != "num_warps"):
+            if len(args) > len(names) or sorted(constexpr_names) != sorted(k for k in call.meta if k not in _OPTIONS):
                 return _no_direct(call, f"signature {names} does not end in the constexprs {list(call.meta)}")
             if hasattr(compiled, "result"):  # an asynchronous compile's future
                 compiled = compiled.result()
@@ -286,9 +300,33 @@ class GroupRunner:
                 self.calls[key] = None
                 self.refuse(exc)
                 return self.reference(raw, scalars)
+            if self.register_cap(call, compiled):
+                return outs  # the next call compiles the capped binary (and binds it)
             if not self.interpret and launch_enabled():
                 call.direct = _DirectLaunch.bind(call, compiled, args, (*ins, *scalars))
         return outs
+
+    def register_cap(self, call: "_Call", compiled) -> bool:
+        """A 16-warp persistent row kernel whose binary needs more than ``row_maxnreg()``
+        registers a thread (one program per SM) is capped: the next call compiles it with
+        ``maxnreg`` (ptxas spills a few words) so that two programs share an SM."""
+        cap = row_maxnreg()
+        if (not cap or self.interpret or "maxnreg" in call.meta or call.meta.get("num_warps", 0) < 16
+                or "RBLOCK" not in call.meta or self.group.kind != "reduction"):
+            return False
+        try:
+            compiled._init_handles()
+            needs = int(compiled.n_regs)
+        except Exception:  # noqa: BLE001 - another Triton: no cap
+            return False
+        if needs <= cap:
+            return False
+        call.meta["maxnreg"] = cap
+        call.launched = False
+        if debug_level() >= 2:
+            print(f"kernelab: {self.group.name} needs {needs} registers a thread at 16 warps; "
+                  f"recompiled with maxnreg={cap}", file=sys.stderr)
+        return True
 
     def reference(self, raw: list, scalars: list) -> list:
         """The group's outputs computed by its ATen ops (empty tensors, a kernel that failed)."""

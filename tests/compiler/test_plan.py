@@ -312,3 +312,37 @@ def test_a_view_the_graph_returns_is_not_folded(capfd, monkeypatch):
     torch.testing.assert_close(a, ra)
     torch.testing.assert_close(s, rs)
     assert a.stride() == ra.stride()
+
+
+def test_register_cap_only_for_16_warp_row_kernels_that_need_it(monkeypatch):
+    """With KERNELAB_ROW_MAXNREG=64, a persistent row kernel at 16 warps whose binary needs more
+    than 64 registers is recompiled with maxnreg=64 at its next call (GPU only; a fake binary
+    stands in here)."""
+    from types import SimpleNamespace
+
+    from kernelab.compiler.runtime import GroupRunner
+
+    def runner(interpret=False, kind="reduction"):
+        r = GroupRunner.__new__(GroupRunner)
+        r.interpret, r.group = interpret, SimpleNamespace(kind=kind, name="kl_fused_x")
+        return r
+
+    def call(warps=16, rblock=8192):
+        return SimpleNamespace(meta={"XBLOCK": 1, "RBLOCK": rblock, "INT64": False, "num_warps": warps}, launched=True)
+
+    def binary(regs):
+        return SimpleNamespace(_init_handles=lambda: None, n_regs=regs)
+
+    monkeypatch.delenv("KERNELAB_ROW_MAXNREG", raising=False)  # off by default (not timed yet)
+    assert not runner().register_cap(call(), binary(85))
+    monkeypatch.setenv("KERNELAB_ROW_MAXNREG", "64")
+    c = call()
+    assert runner().register_cap(c, binary(85))
+    assert c.meta["maxnreg"] == 64 and not c.launched
+    assert not runner().register_cap(c, binary(85))          # capped already
+    for r, c, regs in ((runner(), call(), 64), (runner(), call(warps=8), 128), (runner(interpret=True), call(), 85),
+                       (runner(kind="column"), call(), 85)):
+        assert not r.register_cap(c, binary(regs)) and "maxnreg" not in c.meta
+    monkeypatch.setenv("KERNELAB_ROW_MAXNREG", "0")
+    c = call()
+    assert not runner().register_cap(c, binary(85)) and "maxnreg" not in c.meta
