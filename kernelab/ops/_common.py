@@ -137,6 +137,8 @@ def needs_int64(*tensors: torch.Tensor) -> bool:
     for t in tensors:
         if t is None or t.numel() == 0:
             continue
+        if t.numel() <= INT32_MAX and t.is_contiguous():  # offsets < numel: the common case, cheap
+            continue
         span = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
         if max(span, t.numel()) > INT32_MAX:
             return True

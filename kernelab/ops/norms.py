@@ -294,8 +294,10 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
     row_programs = max(1, min(_common.cdiv(m, block_m), (BWD_PROGRAMS_PER_SM * sms) // col_blocks))
     rows_per_program = _common.cdiv(_common.cdiv(m, row_programs), block_m) * block_m
     row_programs = _common.cdiv(m, rows_per_program)
-    dw = torch.empty((row_programs, n), dtype=torch.float32, device=x.device) if need_dw else None
-    db = torch.empty((row_programs, n), dtype=torch.float32, device=x.device) if need_db else None
+    # per-program partial rows of dw and db, in one allocation
+    partials = torch.empty((int(need_dw) + int(need_db), row_programs, n), dtype=torch.float32, device=x.device)
+    dw = partials[0] if need_dw else None
+    db = partials[-1] if need_db else None
     _common.launch(_norm_bwd_kernel, (row_programs, col_blocks))(
         x2, weight, dy2, mean, rstd, c, dx2, dw, db,
         x2.stride(0), dy2.stride(0), dx2.stride(0), m, n, rows_per_program,

@@ -177,13 +177,16 @@ def _as_2d(t: torch.Tensor, shape: torch.Size, m: int, n: int) -> torch.Tensor:
 
 def _layout(a: torch.Tensor, b: torch.Tensor):
     """(shape, m, n, a2, b2): the broadcast shape as [m, n] (flat [1, numel] when nothing broadcasts)."""
-    shape = torch.broadcast_shapes(a.shape, b.shape)
+    if a.shape == b.shape:
+        shape = a.shape
+        if a.is_contiguous() and b.is_contiguous():  # the common case: two flat views, nothing else
+            numel = shape.numel()
+            return shape, 1, numel, a.view(1, numel), b.view(1, numel)
+    else:  # torch.broadcast_shapes costs ~10 us of Python: only when shapes differ
+        shape = torch.broadcast_shapes(a.shape, b.shape)
     numel = shape.numel()
-    if a.shape == shape and b.shape == shape and a.is_contiguous() and b.is_contiguous():
-        m, n = 1, numel
-    else:
-        n = shape[-1] if len(shape) else 1
-        m = numel // n if n else 0
+    n = shape[-1] if len(shape) else 1
+    m = numel // n if n else 0
     return shape, m, n, _as_2d(a, shape, m, n), _as_2d(b, shape, m, n)
 
 
