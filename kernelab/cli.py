@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = COMMANDS.get(args.command)
-    if handler is None:  # subcommands registered by other modules carry their own handler
-        handler = args.handler
+    if handler is None:  # subcommands registered by other modules (bench) carry their own
+        handler = args.func
     try:
         return handler(args)
     except UserError as exc:

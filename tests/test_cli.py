@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from kernelab.cli import main
 
@@ -121,3 +122,10 @@ def test_tour_runs_end_to_end(tmp_path, capsys):
 def test_count_kernelab_mode_from_the_command_line(target_file, capsys):
     assert main(["count", f"{target_file}:add_relu", "--mode", "kernelab", "--predict"]) == 0
     assert "kernelab: 1 kernel, 3 array transfers, 0 round trips" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_bench_without_a_gpu_is_refused_through_the_main_command(capsys):
+    """`kernelab bench` is registered by kernelab.bench; the main command dispatches to it."""
+    assert main(["bench", "softmax", "--shapes", "16x4096"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
