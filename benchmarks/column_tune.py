@@ -12,7 +12,6 @@ the one that is best overall (geometric mean of time relative to each shape's be
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import itertools
 import math
@@ -30,6 +29,7 @@ from kernelab.compiler import runtime  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from compiler_suite import env_row  # noqa: E402
+from _script import gpu_out_dir  # noqa: E402
 
 SHAPES = [(4096, 1024), (16384, 4096), (1 << 20, 64), (2048, 16384)]
 CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES = (32, 64, 128), (2048, 4096, 8192), (4, 8), (2, 8)
@@ -54,12 +54,7 @@ def patched(cblock, elems, warps, min_tiles):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path, help="directory for the CSV (and text) results")
-    out = ap.parse_args().out
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU (it times kernels)")
-    out.mkdir(parents=True, exist_ok=True)
+    out = gpu_out_dir(__doc__)
     torch._dynamo.config.cache_size_limit = 1024
     original = runtime.GroupRunner.column_launch
     rows = []

@@ -20,7 +20,6 @@ OUT_DIR/compiler_overhead.csv, a table last.
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import csv
 import io
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 
 import compiler_suite as cs  # noqa: E402
+from _script import gpu_out_dir  # noqa: E402
 
 
 def host_us(fn, args, n=400, repeats=7) -> float:
@@ -133,12 +133,7 @@ def model_breakdown(out: Path) -> list[dict]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path, help="directory for the CSV (and text) results")
-    out = ap.parse_args().out
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU (it times kernels)")
-    out.mkdir(parents=True, exist_ok=True)
+    out = gpu_out_dir(__doc__)
     for old in ("profiles.txt", "kernels.txt"):
         (out / old).unlink(missing_ok=True)
     import kernelab.compiler as klc

@@ -11,7 +11,6 @@ the output written once. Writes OUT_DIR/row_tune.csv (GPU, versions, date per ro
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ import triton.testing  # noqa: E402
 import kernelab.compiler as klc  # noqa: E402
 from compiler_suite import env_row  # noqa: E402
 from kernelab.compiler import runtime  # noqa: E402
+from _script import gpu_out_dir  # noqa: E402
 
 
 def layer_norm(x, w):
@@ -60,12 +60,7 @@ def patched(per_thread: int, looped: bool):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path, help="directory for the CSV (and text) results")
-    out = ap.parse_args().out
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU (it times kernels)")
-    out.mkdir(parents=True, exist_ok=True)
+    out = gpu_out_dir(__doc__)
     torch._dynamo.config.cache_size_limit = 1024
     original = runtime.GroupRunner.reduction_launch
     env = env_row(torch.device("cuda"))

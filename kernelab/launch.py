@@ -86,29 +86,34 @@ class Launcher:
         self.bound: dict = {}
 
     def __call__(self, grid, *args, num_warps: int, maxnreg: int | None = None, **constexprs):
-        # maxnreg (a register cap for ptxas) is a compile option: the interpreter has none
-        options = {"num_warps": num_warps} if maxnreg is None or self.interpreted else {"num_warps": num_warps, "maxnreg": maxnreg}
         if self.interpreted or not enabled() or not _triton_supported() or not _on_cuda(args):
-            return self.kernel[grid](*args, **options, **constexprs)
+            return self._triton(grid, args, num_warps, maxnreg, constexprs)
         from triton import knobs
 
         runtime = knobs.runtime
         if hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook):
-            return self.kernel[grid](*args, **options, **constexprs)
+            return self._triton(grid, args, num_warps, maxnreg, constexprs)
         device = _current_device()
         key = (tuple(specialization(a) for a in args), tuple(constexprs.items()), num_warps, maxnreg, device)
         entry = self.bound.get(key)
         if entry is None:
-            compiled = self.kernel[grid](*args, **options, **constexprs)
+            compiled = self._triton(grid, args, num_warps, maxnreg, constexprs)
             self.bound[key] = self._bind(compiled, len(args), constexprs)
             return compiled
-        compiled, tail = entry if entry is not False else (None, None)
-        if compiled is None:
-            return self.kernel[grid](*args, **options, **constexprs)
+        if entry is False:
+            return self._triton(grid, args, num_warps, maxnreg, constexprs)
+        compiled, tail = entry
         grid = tuple(grid) + (1,) * (3 - len(grid))
         compiled.run(grid[0], grid[1], grid[2], _current_stream(device), compiled.function,
                      compiled.packed_metadata, None, None, None, *args, *tail)
         return compiled
+
+    def _triton(self, grid, args, num_warps: int, maxnreg: int | None, constexprs: dict):
+        """Triton's own path. maxnreg (a register cap for ptxas) is a compile option, which the
+        interpreter does not take."""
+        if maxnreg is None or self.interpreted:
+            return self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+        return self.kernel[grid](*args, num_warps=num_warps, maxnreg=maxnreg, **constexprs)
 
     def _bind(self, compiled, n_args: int, constexprs: dict):
         """(binary, constexpr values in signature order), or False where the signature is not

@@ -143,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.csv.is_file():
         p.error(f"{args.csv}: no such file")
-    rows = load_csv(args.csv)
+    try:
+        rows = load_csv(args.csv)
+    except (TypeError, ValueError) as exc:
+        p.error(f"{args.csv}: not an ops_bench.csv written by kernelab.bench ({exc})")
     for path in plot(rows, args.out):
         print(path)
     table(rows)

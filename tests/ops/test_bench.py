@@ -89,6 +89,19 @@ def test_report_outputs(tmp_path):
     assert "softmax" in console.export_text()
     pngs = report.plot(rows, tmp_path)
     assert pngs and all(p.stat().st_size > 1000 for p in pngs)
+    # read back (python -m kernelab.bench.report redraws from it): the same rows, typed
+    back = report.load_csv(path)[: len(rows)]
+    for a, b in zip(back, rows):
+        assert (a.op, a.m, a.n, a.pass_, a.provider, a.status, a.bytes, a.timer) == (b.op, b.m, b.n, b.pass_, b.provider, b.status, b.bytes, b.timer)
+        assert a.ms == pytest.approx(b.ms, rel=1e-5) and a.tbps == pytest.approx(b.tbps, rel=1e-5)
+        assert (a.vs_liger is None) == (b.vs_liger is None)
+    assert report.main([str(path), str(tmp_path / "redrawn")]) == 0
+    assert list((tmp_path / "redrawn").glob("ops_softmax_*.png"))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit) as exit_:
+        report.main([str(bad), str(tmp_path)])
+    assert exit_.value.code == 2
 
 
 def test_cli_parser_and_no_gpu():
