@@ -53,20 +53,34 @@ def tune_variants() -> list:
     ops_tune{1,2,3}_h200.csv, do_bench) set the one-pass forward rule (``_common.row_tile``); their
     forward+backward rows swung with the host's speed (the same setting measured 2.7 and 3.9 TB/s).
     Round 4 (``--timer kernels``: GPU time only) took the backward and cross-entropy settings.
-    Round 5 (this list, ``--timer kernels`` and do_bench, ops_tune5_h200.csv): layer_norm's forward
-    at 16384 columns, where a register cap won (now the default, ``norms.LONG_ROW_MAXNREG``)."""
+    Round 5 (ops_tune5_h200.csv): layer_norm's forward at 16384 columns, where a register cap won
+    (now the default, ``norms.LONG_ROW_MAXNREG``). Rounds 6 and 7 (this list, ``--timer kernels``,
+    ops_tune6_h200.csv / ops_tune7_h200.csv): the team kernels of rows over 16384 columns
+    (``kernelab/ops/teams.py``) against the two-pass kernels they replace, and their chunk / warps /
+    programs-per-SM settings; round 6 without, round 7 with the next row loaded during the wait."""
     out = []
 
     def group(op, shape, backward, variants):
         out.append((op, shape, backward, "default", {}))
         out.extend((op, shape, backward, label, change) for label, change in variants)
 
-    for shape in ((16384, 16384), (32768, 16384)):
-        group("layer_norm", shape, False, [
-            ("no register cap (one program per SM)", {"norms.LONG_ROW_MAXNREG": None}),
-            ("looped", {"_common.MAX_FUSED": 8192}),
+    two_pass = ("two-pass (no teams)", {"teams.ENABLED": False})
+    for shape in ((4096, 65536), (2048, 262144)):
+        group("softmax", shape, False, [
+            two_pass,
+            ("fwd 16384 x 16 warps, 2/SM", {"teams.FWD_CHUNK": 16384, "teams.FWD_WARPS": 16, "teams.FWD_PER_SM": 2}),
+            ("fwd 4096 x 4 warps, 8/SM", {"teams.FWD_CHUNK": 4096, "teams.FWD_WARPS": 4, "teams.FWD_PER_SM": 8}),
+            ("fwd 8192 x 8 warps, 3/SM", {"teams.FWD_PER_SM": 3}),
         ])
-    group("layer_norm", (16384, 16384), True, [("no register cap", {"norms.LONG_ROW_MAXNREG": None})])
+        group("softmax", shape, True, [
+            two_pass,
+            ("bwd 4096 x 4 warps, 4/SM", {"teams.BWD_CHUNK": 4096, "teams.BWD_WARPS": 4, "teams.BWD_PER_SM": 4}),
+        ])
+        group("layer_norm", shape, False, [
+            two_pass, ("fwd 4/SM", {"norms.FWD_TEAM_PER_SM": 4}), ("fwd 2/SM", {"norms.FWD_TEAM_PER_SM": 2}),
+        ])
+        group("layer_norm", shape, True, [two_pass])
+        group("rms_norm", shape, True, [two_pass])
     return out
 
 

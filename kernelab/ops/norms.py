@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _common
+from . import _common, teams
 from ._common import row_offsets
 
 #: layer_norm's one-pass forward at 16384 columns holds x, the centered x, w and b: 100 registers
@@ -40,6 +40,19 @@ MAX_FUSED_BWD = 8192
 BWD_PROGRAMS_PER_SM = 4
 BWD_TILE = 2048
 BWD_PER_THREAD = 16
+#: Columns per team member of the long-row backward (``teams.py``): it holds x, dy, xhat, g and the
+#: dw and db sums, 6 floats a column; 8192 columns at 8 warps spilled 328 bytes a thread (sm_90).
+BWD_TEAM_CHUNK = 4096
+#: The long-row forward's teams (``teams.py``): members per SM, and whether a member loads its
+#: next row while the team waits. Measured on the H200 (bf16, GPU time, ops_tune6_h200.csv):
+#: without prefetch at 4 per SM (64 registers) 2.95 / 2.72 TB/s at 65536 / 262144 columns; with
+#: it, x and the next x need 80 registers (3 per SM): 2.76 / 2.51; the two-pass kernel 2.81 / 2.44.
+FWD_TEAM_PER_SM = 4
+FWD_TEAM_PREFETCH = False
+#: The long-row backward's teams: off. Measured 2.29 / 2.08 TB/s fwd+bwd (layer_norm, 65536 /
+#: 262144 columns) and rms_norm 2.40 / 2.26, against 2.35 / 2.25 and 2.61 / 2.50 for the
+#: two-pass backward (x, dy, w, xhat, g and two accumulators leave room for 2 members per SM).
+BWD_TEAMS = False
 
 
 # --------------------------------------------------------------------------- jitted helpers
@@ -236,6 +249,111 @@ def _norm_bwd_kernel(
         tl.store(db_ptr + pid_m.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
 
 
+@triton.jit
+def _team_sizes(N, CHUNK: tl.constexpr, TEAM_P2: tl.constexpr):
+    """Columns held by each member of a team (lanes past the team: <= 0)."""
+    lanes = tl.arange(0, TEAM_P2)
+    return tl.minimum(N - lanes * CHUNK, CHUNK).to(tl.float32)
+
+
+@triton.jit
+def _norm_fwd_team_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, part_ptr, count_ptr, gone_ptr,
+    stride_x, stride_y,
+    M, N,
+    eps,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    CHUNK: tl.constexpr, TEAM: tl.constexpr, TEAM_P2: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """Long rows split across a team of programs (``teams.py``): each member reduces its CHUNK
+    columns to (mean, M2) (rms: sum of squares), the team merges them exactly (Chan: M2 = sum of
+    the members' M2 + n_i * (mean_i - mean)^2). x read once, y written once. PREFETCH: the next
+    row's chunk is loaded while the team waits (more registers)."""
+    team, rank, n_teams, cols = teams.member(CHUNK, TEAM)
+    ok = cols < N
+    sizes = _team_sizes(N, CHUNK, TEAM_P2)
+    n_mine = tl.minimum(N - rank * CHUNK, CHUNK).to(tl.float32)
+    if PREFETCH:
+        x_next = teams.load_row(x_ptr, team.to(tl.int64), stride_x, cols, ok, M, 0.0)
+    phase = 0
+    for row in range(team.to(tl.int64), M, n_teams):
+        # this member's partials; publish them, (load the next row,) wait for the team's
+        if not PREFETCH:
+            x_next = teams.load_row(x_ptr, row, stride_x, cols, ok, M, 0.0)
+        x = x_next.to(tl.float32)
+        if RMS:
+            teams.publish(part_ptr, count_ptr, team, rank, phase, tl.sum(x * x, axis=0), 0.0, TEAM_P2)
+        else:
+            mean_c = tl.sum(x, axis=0) / n_mine
+            xc = tl.where(ok, x - mean_c, 0.0)
+            teams.publish(part_ptr, count_ptr, team, rank, phase, mean_c, tl.sum(xc * xc, axis=0), TEAM_P2)
+        if PREFETCH:
+            x_next = teams.load_row(x_ptr, row + n_teams, stride_x, cols, ok, M, 0.0)
+        a_all, b_all, valid = teams.gather(part_ptr, count_ptr, team, phase, TEAM, TEAM_P2)
+        if RMS:
+            mean = 0.0
+            m2 = tl.sum(a_all, axis=0)
+        else:
+            n_i = tl.where(valid, sizes, 0.0)
+            mean = tl.sum(a_all * n_i, axis=0) / N
+            d = a_all - mean
+            m2 = tl.sum(b_all + n_i * d * d, axis=0)
+        rstd = 1.0 / tl.sqrt(m2 / N + eps)
+        if rank == 0:
+            if not RMS:
+                tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, rstd)
+        y = _affine((x - mean) * rstd, w_ptr, b_ptr, cols, ok, HAS_W, HAS_B)
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
+        phase += 1
+    teams.leave(count_ptr, gone_ptr, team, TEAM)
+
+
+@triton.jit
+def _norm_bwd_team_kernel(
+    x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, part_ptr, count_ptr, gone_ptr,
+    stride_x, stride_dy, stride_dx,
+    M, N,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
+    CHUNK: tl.constexpr, TEAM: tl.constexpr, TEAM_P2: tl.constexpr,
+):
+    """Long rows split across a team of programs: the team adds up its members' sums of g * xhat
+    and g for c1 and c2. x and dy read once, dx written once; each member sums dw and db over its
+    team's rows, stored as row ``team`` of [teams, N] float32 partials."""
+    team, rank, n_teams, cols = teams.member(CHUNK, TEAM)
+    ok = cols < N
+    dw_acc = tl.zeros((CHUNK,), tl.float32)
+    db_acc = tl.zeros((CHUNK,), tl.float32)
+    x_next = teams.load_row(x_ptr, team.to(tl.int64), stride_x, cols, ok, M, 0.0)
+    dy_next = teams.load_row(dy_ptr, team.to(tl.int64), stride_dy, cols, ok, M, 0.0)
+    phase = 0
+    for row in range(team.to(tl.int64), M, n_teams):
+        x = x_next.to(tl.float32)
+        dy = dy_next.to(tl.float32)
+        rstd = tl.load(rstd_ptr + row)
+        mean = 0.0 if RMS else tl.load(mean_ptr + row)
+        xhat = tl.where(ok, (x - mean) * rstd, 0.0)
+        g = dy * tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32) if HAS_W else dy
+        teams.publish(part_ptr, count_ptr, team, rank, phase, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0), TEAM_P2)
+        x_next = teams.load_row(x_ptr, row + n_teams, stride_x, cols, ok, M, 0.0)
+        dy_next = teams.load_row(dy_ptr, row + n_teams, stride_dy, cols, ok, M, 0.0)
+        c1s, c2s, _ = teams.gather(part_ptr, count_ptr, team, phase, TEAM, TEAM_P2)
+        c1 = tl.sum(c1s, axis=0) / N
+        c2 = 0.0 if RMS else tl.sum(c2s, axis=0) / N
+        dx = (g - xhat * c1 - c2) * rstd
+        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+        if NEED_DW:
+            dw_acc += dy * xhat
+        if NEED_DB:
+            db_acc += dy
+        phase += 1
+    if NEED_DW:
+        tl.store(dw_ptr + team.to(tl.int64) * N + cols, dw_acc, mask=ok)
+    if NEED_DB:
+        tl.store(db_ptr + team.to(tl.int64) * N + cols, db_acc, mask=ok)
+    teams.leave(count_ptr, gone_ptr, team, TEAM)
+
+
 # --------------------------------------------------------------------------- launchers
 def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool):
     """(y, mean, rstd): y of x's shape and dtype; mean and rstd float32 per row (mean empty for rms)."""
@@ -255,6 +373,12 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool):
             **common, BLOCK_M=block_m, BLOCK_N=block_n,
             STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
             maxnreg=LONG_ROW_MAXNREG if block_n >= 16384 and not rms else None,
+        )
+    elif (p := teams.plan(m, n, x.device, teams.FWD_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM)) is not None:
+        _common.launch(_norm_fwd_team_kernel, p.grid)(
+            x2, w, b, y2, mean, rstd, *teams.buffers(x.device, p), x2.stride(0), y2.stride(0), m, n, eps,
+            **common, CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, PREFETCH=FWD_TEAM_PREFETCH,
+            num_warps=p.warps, maxnreg=p.maxnreg,
         )
     else:
         block_n, warps = _common.chunk_config(x.element_size())
@@ -277,7 +401,30 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
         db = torch.zeros((n if need_db else 0,), dtype=wdtype, device=x.device)
         return dx, dw, db
     x2, dy2, dx2 = _common.as_rows(x, n), _common.as_rows(dy, n), dx.view(-1, n)
-    sms = _common.sm_count(x.device)
+    flags = dict(RMS=rms, HAS_W=weight is not None, NEED_DW=need_dw, NEED_DB=need_db)
+    p = teams.plan(m, n, x.device, BWD_TEAM_CHUNK, teams.BWD_WARPS, teams.BWD_PER_SM, longer_than=MAX_FUSED_BWD)
+    if p is not None and BWD_TEAMS:
+        dw, db = _partials(need_dw, need_db, p.teams, n, x.device)
+        _common.launch(_norm_bwd_team_kernel, p.grid)(
+            x2, weight, dy2, mean, rstd, dx2, dw, db, *teams.buffers(x.device, p),
+            x2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
+            **flags, CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, num_warps=p.warps, maxnreg=p.maxnreg,
+        )
+    else:
+        dw, db = _norm_backward_tiled(x2, dy2, dx2, weight, mean, rstd, m, n, flags)
+    return (dx, *_weight_grads(dw, db, n, wdtype, x.device))
+
+
+def _partials(need_dw: bool, need_db: bool, programs: int, n: int, device: torch.device):
+    """[programs, n] float32 partial rows of dw and db (None where not needed), one allocation."""
+    partials = torch.empty((int(need_dw) + int(need_db), programs, n), dtype=torch.float32, device=device)
+    return (partials[0] if need_dw else None), (partials[-1] if need_db else None)
+
+
+def _norm_backward_tiled(x2, dy2, dx2, weight, mean, rstd, m: int, n: int, flags: dict):
+    """dx into ``dx2`` by ``_norm_bwd_kernel`` (whole rows in a tile, or column chunks of long rows
+    after ``_norm_bwd_stats_kernel``); returns its partial rows of dw and db."""
+    sms = _common.sm_count(x2.device)
     c = None
     if n <= MAX_FUSED_BWD:
         block_m, block_n, warps = _common.row_tile(m, n, max_fused=MAX_FUSED_BWD, tile=BWD_TILE, per_thread=BWD_PER_THREAD)
@@ -286,34 +433,33 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
         # long rows: c1 and c2 first (one more read of x and dy), then column chunks
         block_m, block_n, warps = 1, 4096, 8
         col_blocks = _common.cdiv(n, block_n)
-        c = torch.empty((m, 2), dtype=torch.float32, device=x.device)
+        c = torch.empty((m, 2), dtype=torch.float32, device=x2.device)
         _common.launch(_norm_bwd_stats_kernel, (m,))(
             x2, weight, dy2, mean, rstd, c, x2.stride(0), dy2.stride(0), m, n,
-            RMS=rms, HAS_W=weight is not None, BLOCK_N=4096, num_warps=8,
+            RMS=flags["RMS"], HAS_W=flags["HAS_W"], BLOCK_N=4096, num_warps=8,
         )
     row_programs = max(1, min(_common.cdiv(m, block_m), (BWD_PROGRAMS_PER_SM * sms) // col_blocks))
     rows_per_program = _common.cdiv(_common.cdiv(m, row_programs), block_m) * block_m
     row_programs = _common.cdiv(m, rows_per_program)
-    # per-program partial rows of dw and db, in one allocation
-    partials = torch.empty((int(need_dw) + int(need_db), row_programs, n), dtype=torch.float32, device=x.device)
-    dw = partials[0] if need_dw else None
-    db = partials[-1] if need_db else None
+    dw, db = _partials(flags["NEED_DW"], flags["NEED_DB"], row_programs, n, x2.device)
     _common.launch(_norm_bwd_kernel, (row_programs, col_blocks))(
         x2, weight, dy2, mean, rstd, c, dx2, dw, db,
         x2.stride(0), dy2.stride(0), dx2.stride(0), m, n, rows_per_program,
-        RMS=rms, HAS_W=weight is not None, NEED_DW=need_dw, NEED_DB=need_db,
-        ROW_IN_TILE=c is None, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.STAGES, num_warps=warps,
+        **flags, ROW_IN_TILE=c is None, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.STAGES, num_warps=warps,
     )
-    # second step of the weight grads: sum the per-program partial rows (one launch for both)
-    if need_dw and need_db:
-        dw, db = _common.sum_partials(dw, db, wdtype)
-    elif need_dw or need_db:
-        done = _common.sum_partials(dw if need_dw else db, None, wdtype)[0]
-        none = torch.empty((0,), dtype=wdtype, device=x.device)
-        dw, db = (done, none) if need_dw else (none, done)
-    else:
-        dw, db = (torch.empty((0,), dtype=wdtype, device=x.device) for _ in range(2))
-    return dx, dw, db
+    return dw, db
+
+
+def _weight_grads(dw, db, n: int, wdtype: torch.dtype, device: torch.device):
+    """Second step of the weight grads: the partial rows summed (one launch for both); empty
+    tensors for the ones not needed."""
+    if dw is not None and db is not None:
+        return _common.sum_partials(dw, db, wdtype)
+    none = torch.empty((0,), dtype=wdtype, device=device)
+    if dw is None and db is None:
+        return none, none
+    done = _common.sum_partials(dw if dw is not None else db, None, wdtype)[0]
+    return (done, none) if dw is not None else (none, done)
 
 
 # --------------------------------------------------------------------------- custom ops and autograd

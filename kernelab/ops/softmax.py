@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch._prims_common import canonicalize_dim
 
-from . import _common
+from . import _common, teams
 from ._common import row_offsets
 
 #: Elements per program and per thread of the one-pass backward (it holds y and dy); None: the
@@ -198,6 +198,67 @@ def _softmax_bwd_looped_kernel(
             tl.store(dx_row + out, dx.to(dx_ptr.dtype.element_ty), mask=out < N)
 
 
+@triton.jit
+def _softmax_fwd_team_kernel(
+    x_ptr, y_ptr, part_ptr, count_ptr, gone_ptr,
+    stride_x, stride_y,
+    M, N,
+    LOG: tl.constexpr, CHUNK: tl.constexpr, TEAM: tl.constexpr, TEAM_P2: tl.constexpr,
+):
+    """Long rows split across a team of programs (``teams.py``): each member holds CHUNK columns,
+    the team exchanges (max, sum of exp) per row. x read once, y written once; the next row's
+    chunk is loaded while the team waits."""
+    team, rank, n_teams, cols = teams.member(CHUNK, TEAM)
+    ok = cols < N
+    x_next = teams.load_row(x_ptr, team.to(tl.int64), stride_x, cols, ok, M, float("-inf"))
+    phase = 0
+    for row in range(team.to(tl.int64), M, n_teams):
+        # this member's chunk: its max and sum of exp; publish them, load the next row, wait
+        x = x_next.to(tl.float32)
+        m = tl.max(x, axis=0)
+        shift = tl.where(m == float("-inf"), 0.0, m)
+        s = tl.sum(tl.exp(x - shift), axis=0)
+        teams.publish(part_ptr, count_ptr, team, rank, phase, m, s, TEAM_P2)
+        x_next = teams.load_row(x_ptr, row + n_teams, stride_x, cols, ok, M, float("-inf"))
+        ms, ss, valid = teams.gather(part_ptr, count_ptr, team, phase, TEAM, TEAM_P2)
+        # the team's: rescale every member's sum to the row max
+        ms = tl.where(valid, ms, float("-inf"))
+        m_row = tl.max(ms, axis=0)
+        shift_row = tl.where(m_row == float("-inf"), 0.0, m_row)
+        s_row = tl.sum(ss * tl.exp(ms - shift_row), axis=0)
+        y = _normalize(x, shift_row, s_row, LOG)
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
+        phase += 1
+    teams.leave(count_ptr, gone_ptr, team, TEAM)
+
+
+@triton.jit
+def _softmax_bwd_team_kernel(
+    y_ptr, dy_ptr, dx_ptr, part_ptr, count_ptr, gone_ptr,
+    stride_y, stride_dy, stride_dx,
+    M, N,
+    LOG: tl.constexpr, CHUNK: tl.constexpr, TEAM: tl.constexpr, TEAM_P2: tl.constexpr,
+):
+    """Long rows split across a team of programs: the team adds up its members' sums of
+    ``_grad_term``. y and dy read once, dx written once."""
+    team, rank, n_teams, cols = teams.member(CHUNK, TEAM)
+    ok = cols < N
+    y_next = teams.load_row(y_ptr, team.to(tl.int64), stride_y, cols, ok, M, 0.0)
+    dy_next = teams.load_row(dy_ptr, team.to(tl.int64), stride_dy, cols, ok, M, 0.0)
+    phase = 0
+    for row in range(team.to(tl.int64), M, n_teams):
+        y = y_next.to(tl.float32)
+        dy = dy_next.to(tl.float32)
+        teams.publish(part_ptr, count_ptr, team, rank, phase, tl.sum(_grad_term(y, dy, LOG), axis=0), 0.0, TEAM_P2)
+        y_next = teams.load_row(y_ptr, row + n_teams, stride_y, cols, ok, M, 0.0)
+        dy_next = teams.load_row(dy_ptr, row + n_teams, stride_dy, cols, ok, M, 0.0)
+        parts, _, _ = teams.gather(part_ptr, count_ptr, team, phase, TEAM, TEAM_P2)
+        dx = _grad(y, dy, tl.sum(parts, axis=0), LOG)
+        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+        phase += 1
+    teams.leave(count_ptr, gone_ptr, team, TEAM)
+
+
 # --------------------------------------------------------------------------- launchers
 def _softmax_forward(x: torch.Tensor, log: bool) -> torch.Tensor:
     """y = softmax / log_softmax of ``x`` over its last dim; contiguous, x's dtype."""
@@ -212,6 +273,11 @@ def _softmax_forward(x: torch.Tensor, log: bool) -> torch.Tensor:
         _common.launch(_softmax_fwd_kernel, (_common.tile_grid(m, block_m, warps, x.device),))(
             x2, y2, x2.stride(0), y2.stride(0), m, n,
             LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
+        )
+    elif (p := teams.plan(m, n, x.device, teams.FWD_CHUNK, teams.FWD_WARPS, teams.FWD_PER_SM)) is not None:
+        _common.launch(_softmax_fwd_team_kernel, p.grid)(
+            x2, y2, *teams.buffers(x.device, p), x2.stride(0), y2.stride(0), m, n,
+            LOG=log, CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, num_warps=p.warps, maxnreg=p.maxnreg,
         )
     else:
         block_n, warps = _common.chunk_config(x.element_size())
@@ -236,6 +302,11 @@ def _softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool) -> torch.Ten
         _common.launch(_softmax_bwd_kernel, (_common.tile_grid(m, block_m, warps, y.device),))(
             y2, dy2, dx2, y2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
             LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
+        )
+    elif (p := teams.plan(m, n, y.device, teams.BWD_CHUNK, teams.BWD_WARPS, teams.BWD_PER_SM)) is not None:
+        _common.launch(_softmax_bwd_team_kernel, p.grid)(
+            y2, dy2, dx2, *teams.buffers(y.device, p), y2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
+            LOG=log, CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, num_warps=p.warps, maxnreg=p.maxnreg,
         )
     else:
         block_n, warps = _common.chunk_config(max(y.element_size(), dy.element_size()))
