@@ -54,33 +54,27 @@ def tune_variants() -> list:
     forward+backward rows swung with the host's speed (the same setting measured 2.7 and 3.9 TB/s).
     Round 4 (``--timer kernels``: GPU time only) took the backward and cross-entropy settings.
     Round 5 (ops_tune5_h200.csv): layer_norm's forward at 16384 columns, where a register cap won
-    (now the default, ``norms.LONG_ROW_MAXNREG``). Rounds 6 and 7 (this list, ``--timer kernels``,
+    (now the default, ``norms.LONG_ROW_MAXNREG``). Rounds 6 and 7 (``--timer kernels``,
     ops_tune6_h200.csv / ops_tune7_h200.csv): the team kernels of rows over 16384 columns
     (``kernelab/ops/teams.py``) against the two-pass kernels they replace, and their chunk / warps /
-    programs-per-SM settings; round 6 without, round 7 with the next row loaded during the wait."""
+    programs-per-SM settings; round 6 without, round 7 with the next row loaded during the wait.
+    Round 8 (this list, ``--timer kernels``, ops_tune8_h200.csv): cross-entropy's forward split
+    into chunks reduced by separate programs (``cross_entropy.FWD_SPLIT_C``) against one looping
+    program per row; the target's loads moved ahead of the row's in both."""
     out = []
 
     def group(op, shape, backward, variants):
         out.append((op, shape, backward, "default", {}))
         out.extend((op, shape, backward, label, change) for label, change in variants)
 
-    two_pass = ("two-pass (no teams)", {"teams.ENABLED": False})
-    for shape in ((4096, 65536), (2048, 262144)):
-        group("softmax", shape, False, [
-            two_pass,
-            ("fwd 16384 x 16 warps, 2/SM", {"teams.FWD_CHUNK": 16384, "teams.FWD_WARPS": 16, "teams.FWD_PER_SM": 2}),
-            ("fwd 4096 x 4 warps, 8/SM", {"teams.FWD_CHUNK": 4096, "teams.FWD_WARPS": 4, "teams.FWD_PER_SM": 8}),
-            ("fwd 8192 x 8 warps, 3/SM", {"teams.FWD_PER_SM": 3}),
-        ])
-        group("softmax", shape, True, [
-            two_pass,
-            ("bwd 4096 x 4 warps, 4/SM", {"teams.BWD_CHUNK": 4096, "teams.BWD_WARPS": 4, "teams.BWD_PER_SM": 4}),
-        ])
-        group("layer_norm", shape, False, [
-            two_pass, ("fwd 4/SM", {"norms.FWD_TEAM_PER_SM": 4}), ("fwd 2/SM", {"norms.FWD_TEAM_PER_SM": 2}),
-        ])
-        group("layer_norm", shape, True, [two_pass])
-        group("rms_norm", shape, True, [two_pass])
+    for shape in ((32768, 4096), (8192, 32000), (4096, 128256), (2048, 262144)):
+        splits = [("split 2048", {"cross_entropy.FWD_SPLIT_C": 2048}),
+                  ("split 4096", {"cross_entropy.FWD_SPLIT_C": 4096}),
+                  ("split 8192", {"cross_entropy.FWD_SPLIT_C": 8192}),
+                  ("split 16384, 32 a thread", {"cross_entropy.FWD_SPLIT_C": 16384, "cross_entropy.FWD_SPLIT_PER_THREAD": 32})]
+        if shape[1] == 4096:
+            splits = [("split 1024", {"cross_entropy.FWD_SPLIT_C": 1024})] + splits[:1]
+        group("cross_entropy", shape, False, splits)
     return out
 
 

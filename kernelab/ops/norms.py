@@ -9,10 +9,12 @@
 
 Traffic, in passes over one [M, N] tensor: forward reads x, writes y (2), plus mean and rstd (8
 bytes a row). Backward reads x and dy, writes dx (3), plus per-program partial sums of dw and db
-(one float per column per program, a few % at most) that torch sums. Rows longer than MAX_FUSED
-loop over chunks: the forward takes a second, reversed pass over x (partly served by L2); the
-backward of rows longer than MAX_FUSED_BWD first reads x and dy once for c1 and c2 (a 4th and 5th
-pass), then runs the same tiled kernel as short rows. (Holding a 16384-column row in the one-pass
+(one float per column per program, a few % at most) that torch sums. Rows longer than MAX_FUSED:
+the forward splits each row across a team of programs that exchange (mean, M2) through a GPU
+barrier (``teams.py``; x read once; the interpreter loops over chunks and takes a second,
+reversed pass over x, partly served by L2); the backward of rows longer than MAX_FUSED_BWD first
+reads x and dy once for c1 and c2 (a 4th and 5th pass), then runs the same tiled kernel as short
+rows (its team kernel, ``BWD_TEAMS``, measured slower). (Holding a 16384-column row in the one-pass
 backward spills registers: measured 1.51 TB/s fwd+bwd against 2.19 for the two-kernel path.)
 """
 

@@ -8,11 +8,15 @@
 
 Traffic, in passes over one [M, N] tensor: forward reads x and writes y (2), backward reads y and
 dy and writes dx (3). Rows of up to MAX_FUSED elements are held in registers, so that is exactly
-what moves. Longer rows (any length) are looped over in 8192-element chunks, twice: a first pass
-for the statistics (online max and sum), a second for the output, which walks the row backwards,
-newest chunk first, after evict-last loads in the first pass, so that L2 can serve part of the
-re-read. Measured on the H200, the long-row kernels run near the 3-pass bound (2/3 of copy): the
-rows in flight exceed L2, and the re-read comes mostly from HBM.
+what moves. Longer rows are split across a team of programs (``teams.py``): each member holds
+8192 columns and the team exchanges (max, sum of exp) (backward: its sum) through a GPU barrier,
+so the traffic stays 2 and 3 passes. Measured on the H200 (bf16, kernels' GPU time,
+``results/ops_tune7_h200.csv``): 3.05 TB/s forward at 2048x262144, 3.11 at 4096x65536, where the
+two-pass kernels below run 2.69 and 3.08: the barrier costs about what the saved read gains at
+65536 columns. Under the interpreter, past MAX_TEAM members and with ``KERNELAB_TEAMS=0``, long
+rows are looped over in 8192-element chunks, twice: a first pass for the statistics (online max
+and sum), a second for the output, which walks the row backwards, newest chunk first, after
+evict-last loads in the first pass, so that L2 can serve part of the re-read.
 """
 
 from __future__ import annotations
@@ -372,8 +376,9 @@ def softmax(input: torch.Tensor, dim: int | None = None, _stacklevel: int = 3, d
     """Drop-in for ``torch.nn.functional.softmax``: ``exp(x - max) / sum(exp(x - max))`` along ``dim``.
 
     One Triton kernel forward (x read once, y written once) and one backward (y and dy read once,
-    dx written once) for rows up to 16384 elements; longer rows, of any length, take two passes
-    whose second is mostly served from L2. float32, float16 and bfloat16, computed in float32.
+    dx written once), at any row length: rows over 16384 elements are split across programs that
+    exchange their partial sums on the GPU (rows over 2M elements, and the interpreter, take two
+    passes whose second is partly served from L2). float32, float16 and bfloat16, computed in float32.
     ``dtype`` casts the input first, as in PyTorch.
     """
     return _run("softmax", input, dim, _stacklevel, dtype, log=False)
