@@ -204,11 +204,12 @@ def _ce_forward(logits, target, weight, ignore_index: int, smoothing: float, red
     denom (the mean's divisor, float32) is only written for reduction "mean".
 
     Two launches at most: the row kernel, and for "sum" and "mean" one reduction kernel; "none"
-    stores each row's loss in the logits' dtype directly. lse, the target weights and denom share
-    one float32 allocation."""
+    stores each row's loss in the logits' dtype directly. The target weights (internal) and denom
+    share one float32 allocation (outputs of a custom op must not alias each other: lse has its own)."""
     m, c = logits.shape
-    stats = _common.empty((2 * m + 1,), torch.float32, logits.device)
-    lse, wt, denom = stats[:m], stats[m:2 * m], stats[2 * m]
+    lse = _common.empty((m,), torch.float32, logits.device)
+    scratch = _common.empty((m + 1,), torch.float32, logits.device)
+    denom, wt = scratch[0], scratch[1:]  # denom at offset 0, as the fake implementation's
     none = reduction == "none"
     loss = _common.empty((m,), logits.dtype if none else torch.float32, logits.device)
     if m and c:
