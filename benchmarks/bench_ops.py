@@ -60,7 +60,8 @@ def tune_variants() -> list:
     programs-per-SM settings; round 6 without, round 7 with the next row loaded during the wait.
     Round 8 (this list, ``--timer kernels``, ops_tune8_h200.csv): cross-entropy's forward split
     into chunks reduced by separate programs (``cross_entropy.FWD_SPLIT_C``) against one looping
-    program per row; the target's loads moved ahead of the row's in both."""
+    program per row; the target's loads moved ahead of the row's in both. And the erf GELU of 16-bit
+    inputs through ``pointwise._phi`` against libdevice's erff."""
     out = []
 
     def group(op, shape, backward, variants):
@@ -75,6 +76,10 @@ def tune_variants() -> list:
         if shape[1] == 4096:
             splits = [("split 1024", {"cross_entropy.FWD_SPLIT_C": 1024})] + splits[:1]
         group("cross_entropy", shape, False, splits)
+    erff = [("libdevice erff", {"pointwise.FAST_GELU_16BIT": False})]
+    group("bias_gelu", (16384, 16384), False, erff)
+    group("bias_gelu", (16384, 16384), True, erff)
+    group("gelu_mul", (16384, 16384), True, erff)
     return out
 
 

@@ -26,6 +26,10 @@ from . import _common
 
 # Activation codes (constexpr): which function, and whether the second operand multiplies or adds.
 RELU, GELU, GELU_TANH, SILU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+#: The exact (erf) GELU with a short erfc approximation instead of libdevice's erff (``_phi``).
+GELU_FAST = tl.constexpr(4)
+#: 16-bit inputs take GELU_FAST (off: libdevice's erff for every dtype). float32 keeps erff.
+FAST_GELU_16BIT = True
 #: kind -> (activation, multiply): y = act(a) * b if multiply else act(a + b)
 KINDS = {
     "add_relu": (RELU.value, False),
@@ -46,6 +50,30 @@ def _tanh(x):
 
 
 @triton.jit
+def _phi(z):
+    """Phi(z), the standard normal CDF, as 0.5 * erfc(-z / sqrt 2) with the Chebyshev erfc fit of
+    Numerical Recipes (erfcc: fractional error < 1.2e-7 everywhere, so the lower tail keeps its
+    relative accuracy instead of cancelling in 1 + erf): one exp, one approximate division and
+    nine FMAs, branch-free, where libdevice's erff takes two divergent paths (|x| < 1 or not) and
+    made the erf GELU compute-bound (bias_gelu 16384x16384 bf16: 2.67 TB/s, 0.7e12 elements/s).
+    Checked in float32 over [-12, 12] against math.erfc: GELU's relative error <= 4.2e-6 for
+    z >= -6 (tests/ops/test_pointwise.py). Used for 16-bit inputs only."""
+    a = tl.abs(z) * 0.7071067811865476
+    t = tl.fdiv(1.0, 1.0 + 0.5 * a)
+    p = -0.82215223 + t * 0.17087277
+    p = 1.48851587 + t * p
+    p = -1.13520398 + t * p
+    p = 0.27886807 + t * p
+    p = -0.18628806 + t * p
+    p = 0.09678418 + t * p
+    p = 0.37409196 + t * p
+    p = 1.00002368 + t * p
+    p = -1.26551223 + t * p
+    half_erfc = 0.5 * t * tl.exp(p - a * a)
+    return tl.where(z >= 0.0, 1.0 - half_erfc, half_erfc)
+
+
+@triton.jit
 def _act(z, ACT: tl.constexpr):
     """The activation, in float32."""
     if ACT == RELU:
@@ -54,6 +82,8 @@ def _act(z, ACT: tl.constexpr):
         return 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
     elif ACT == GELU_TANH:
         return 0.5 * z * (1.0 + _tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)))
+    elif ACT == GELU_FAST:
+        return z * _phi(z)
     else:
         return z * tl.sigmoid(z)
 
@@ -72,6 +102,8 @@ def _act_grad(z, ACT: tl.constexpr):
         # (1 - t^2) is exactly 0 where tanh saturates: skip the term there (z^3 may be inf)
         dt = tl.where(t * t == 1.0, 0.0, 0.5 * z * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * z * z))
         return 0.5 * (1.0 + t) + dt
+    elif ACT == GELU_FAST:
+        return _phi(z) + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
     else:
         s = tl.sigmoid(z)
         return s * (1.0 + z * (1.0 - s))
@@ -203,8 +235,16 @@ def _config(n: int) -> tuple[int, int, int]:
     return max(1, 4096 // block_n), block_n, 8
 
 
-def _pointwise_forward(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Tensor:
+def _activation(kind: str, dtype: torch.dtype) -> tuple[int, bool]:
+    """(activation code, multiply) of ``kind`` for inputs of ``dtype``."""
     act, mul = KINDS[kind]
+    if act == GELU.value and FAST_GELU_16BIT and dtype in (torch.float16, torch.bfloat16):
+        act = GELU_FAST.value
+    return act, mul
+
+
+def _pointwise_forward(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Tensor:
+    act, mul = _activation(kind, a.dtype)
     shape, m, n, a2, b2 = _layout(a, b)
     y = _common.empty(shape, a.dtype, a.device)
     if y.numel() == 0:
@@ -224,7 +264,7 @@ def _pointwise_forward(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Ten
 
 def _pointwise_backward(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, kind: str, a_shape: list[int], b_shape: list[int]):
     """(da, db) with shapes a_shape, b_shape. For add_relu, ``a`` is the forward's output."""
-    act, mul = KINDS[kind]
+    act, mul = _activation(kind, a.dtype)
     shape, m, n, a2, b2 = _layout(a, b)
     da = _common.empty(shape, a.dtype, a.device)
     if da.numel() == 0:

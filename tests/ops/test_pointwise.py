@@ -1,8 +1,13 @@
 """add_relu, bias_gelu, silu_mul, gelu_mul: values and gradients, broadcasting, dtype promotion."""
 
+import importlib
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 import kernelab.ops as K
 from tests.ops.conftest import DTYPES, assert_close, grads
@@ -88,3 +93,34 @@ def test_int64_offsets_path():
 
     assert _common.needs_int64(torch.empty(1, 1).expand(2**16, 2**15))  # 2^31 elements through a view
     assert not _common.needs_int64(torch.empty(2**10, 2**10))
+
+
+_pw = importlib.import_module("kernelab.ops.pointwise")
+
+
+@triton.jit
+def _phi_kernel(z_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    z = tl.load(z_ptr + offs, mask=offs < N)
+    tl.store(out_ptr + offs, _pw._phi(z), mask=offs < N)
+
+
+def test_fast_gelu_cdf_accuracy():
+    """``_phi`` (the erfc fit 16-bit GELU uses) against math.erfc over [-12, 12], in float32."""
+    z = torch.linspace(-12, 12, 24001, dtype=torch.float32)
+    out = torch.empty_like(z)
+    _phi_kernel[(triton.cdiv(z.numel(), 1024),)](z, out, z.numel(), BLOCK=1024)
+    ref = torch.tensor([0.5 * math.erfc(-v / math.sqrt(2)) for v in z.double().tolist()], dtype=torch.float64)
+    assert (out.double() - ref).abs().max() < 3e-7
+    gelu, gelu_ref = z.double() * out.double(), z.double() * ref
+    tail = (z >= -6) & (gelu_ref.abs() > 0)
+    rel = ((gelu - gelu_ref).abs() / gelu_ref.abs())[tail]
+    assert rel.max() < 1e-5
+
+
+def test_fast_gelu_only_for_16_bit():
+    pw = _pw
+    assert pw._activation("bias_gelu", torch.bfloat16)[0] == pw.GELU_FAST.value
+    assert pw._activation("gelu_mul", torch.float16)[0] == pw.GELU_FAST.value
+    assert pw._activation("bias_gelu", torch.float32)[0] == pw.GELU.value
+    assert pw._activation("bias_gelu_tanh", torch.bfloat16)[0] == pw.GELU_TANH.value
