@@ -58,28 +58,30 @@ def tune_variants() -> list:
     ops_tune6_h200.csv / ops_tune7_h200.csv): the team kernels of rows over 16384 columns
     (``kernelab/ops/teams.py``) against the two-pass kernels they replace, and their chunk / warps /
     programs-per-SM settings; round 6 without, round 7 with the next row loaded during the wait.
-    Round 8 (this list, ``--timer kernels``, ops_tune8_h200.csv): cross-entropy's forward split
+    Round 8 (``--timer kernels``, ops_tune8_h200.csv): cross-entropy's forward split
     into chunks reduced by separate programs (``cross_entropy.FWD_SPLIT_C``) against one looping
     program per row; the target's loads moved ahead of the row's in both. And the erf GELU of 16-bit
-    inputs through ``pointwise._phi`` against libdevice's erff."""
+    inputs through ``pointwise._phi`` against libdevice's erff. Round 9 (this list, ``--timer
+    kernels``, ops_tune9_h200.csv): log_softmax's backward by teams; the norm forward's teams with
+    4096 columns a member, with and without prefetch; layer_norm at 16384 columns by teams."""
     out = []
 
     def group(op, shape, backward, variants):
         out.append((op, shape, backward, "default", {}))
         out.extend((op, shape, backward, label, change) for label, change in variants)
 
-    for shape in ((32768, 4096), (8192, 32000), (4096, 128256), (2048, 262144)):
-        splits = [("split 2048", {"cross_entropy.FWD_SPLIT_C": 2048}),
-                  ("split 4096", {"cross_entropy.FWD_SPLIT_C": 4096}),
-                  ("split 8192", {"cross_entropy.FWD_SPLIT_C": 8192}),
-                  ("split 16384, 32 a thread", {"cross_entropy.FWD_SPLIT_C": 16384, "cross_entropy.FWD_SPLIT_PER_THREAD": 32})]
-        if shape[1] == 4096:
-            splits = [("split 1024", {"cross_entropy.FWD_SPLIT_C": 1024})] + splits[:1]
-        group("cross_entropy", shape, False, splits)
-    erff = [("libdevice erff", {"pointwise.FAST_GELU_16BIT": False})]
-    group("bias_gelu", (16384, 16384), False, erff)
-    group("bias_gelu", (16384, 16384), True, erff)
-    group("gelu_mul", (16384, 16384), True, erff)
+    for shape in ((4096, 65536), (2048, 262144)):
+        group("log_softmax", shape, True, [("team backward", {"softmax.TEAM_BACKWARD_LOG": True})])
+        for op in ("layer_norm", "rms_norm"):
+            group(op, shape, False, [
+                ("4096 a member", {"norms.FWD_TEAM_CHUNK": 4096}),
+                ("4096 a member, prefetch", {"norms.FWD_TEAM_CHUNK": 4096, "norms.FWD_TEAM_PREFETCH": True}),
+            ])
+    group("layer_norm", (16384, 16384), False, [
+        ("team of 2", {"norms.FWD_ONE_PASS_MAX": 8192}),
+        ("team of 4", {"norms.FWD_ONE_PASS_MAX": 8192, "norms.FWD_TEAM_CHUNK": 4096}),
+        ("team of 4, prefetch", {"norms.FWD_ONE_PASS_MAX": 8192, "norms.FWD_TEAM_CHUNK": 4096, "norms.FWD_TEAM_PREFETCH": True}),
+    ])
     return out
 
 

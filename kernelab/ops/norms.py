@@ -51,6 +51,10 @@ BWD_TEAM_CHUNK = 4096
 #: it, x and the next x need 80 registers (3 per SM): 2.76 / 2.51; the two-pass kernel 2.81 / 2.44.
 FWD_TEAM_PER_SM = 4
 FWD_TEAM_PREFETCH = False
+#: Columns a member of the forward's teams holds, and the longest row the one-pass forward holds
+#: (longer rows take teams).
+FWD_TEAM_CHUNK = teams.FWD_CHUNK
+FWD_ONE_PASS_MAX = _common.MAX_FUSED
 #: The long-row backward's teams: off. Measured 2.29 / 2.08 TB/s fwd+bwd (layer_norm, 65536 /
 #: 262144 columns) and rms_norm 2.40 / 2.26, against 2.35 / 2.25 and 2.61 / 2.50 for the
 #: two-pass backward (x, dy, w, xhat, g and two accumulators leave room for 2 members per SM).
@@ -368,7 +372,7 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool):
     x2, y2 = _common.as_rows(x, n), y.view(-1, n)
     w, b = weight, bias
     common = dict(RMS=rms, HAS_W=w is not None, HAS_B=b is not None)
-    if n <= _common.MAX_FUSED:
+    if n <= FWD_ONE_PASS_MAX:
         block_m, block_n, warps = _common.row_tile(m, n)
         _common.launch(_norm_fwd_kernel, (_common.tile_grid(m, block_m, warps, x.device),))(
             x2, w, b, y2, mean, rstd, x2.stride(0), y2.stride(0), m, n, eps,
@@ -376,7 +380,8 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool):
             STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
             maxnreg=LONG_ROW_MAXNREG if block_n >= 16384 and not rms else None,
         )
-    elif (p := teams.plan(m, n, x.device, teams.FWD_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM)) is not None:
+    elif (p := teams.plan(m, n, x.device, FWD_TEAM_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM,
+                          longer_than=FWD_ONE_PASS_MAX)) is not None:
         _common.launch(_norm_fwd_team_kernel, p.grid)(
             x2, w, b, y2, mean, rstd, *teams.buffers(x.device, p), x2.stride(0), y2.stride(0), m, n, eps,
             **common, CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, PREFETCH=FWD_TEAM_PREFETCH,

@@ -34,6 +34,12 @@ from ._common import row_offsets
 #: forward's rule (``_common.row_tile``).
 BWD_TILE = None
 BWD_PER_THREAD = None
+#: log_softmax's backward of long rows by teams (off: two passes). Its first pass reads dy only, so
+#: the two-pass kernel moves 4 passes for 3 counted, and measured faster than the team kernel on
+#: the H200 (bf16 fwd+bwd, GPU time of the kernels, results/ops_tune9_h200.csv: 3.49 vs 3.05 TB/s
+#: at 4096x65536, 3.16 vs 2.92 at 2048x262144). softmax's backward reads y and dy in both passes
+#: and gains from teams (ops_tune7_h200.csv: 3.13 vs 3.09, 3.04 vs 2.64).
+TEAM_BACKWARD_LOG = False
 
 
 # --------------------------------------------------------------------------- jitted helpers
@@ -307,7 +313,8 @@ def _softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool) -> torch.Ten
             y2, dy2, dx2, y2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
             LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
         )
-    elif (p := teams.plan(m, n, y.device, teams.BWD_CHUNK, teams.BWD_WARPS, teams.BWD_PER_SM)) is not None:
+    elif (not log or TEAM_BACKWARD_LOG) and (
+            p := teams.plan(m, n, y.device, teams.BWD_CHUNK, teams.BWD_WARPS, teams.BWD_PER_SM)) is not None:
         _common.launch(_softmax_bwd_team_kernel, p.grid)(
             y2, dy2, dx2, *teams.buffers(y.device, p), y2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
             LOG=log, CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, num_warps=p.warps, maxnreg=p.maxnreg,
