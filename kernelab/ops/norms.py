@@ -559,9 +559,11 @@ def layer_norm(
 ) -> torch.Tensor:
     """Drop-in for ``torch.nn.functional.layer_norm`` over the trailing ``normalized_shape`` dims.
 
-    Forward: one kernel, x read once and y written once (rows up to 16384 elements; longer rows take
-    a second, L2-served pass). Backward: dx, and the weight and bias gradients from per-program
-    partial sums. Statistics in float32; the output has the input's dtype.
+    Forward: one kernel, x read once and y written once, at any row length (rows over 16384
+    elements are split across programs that merge their statistics on the GPU; under the
+    interpreter, and past 2M elements, they take a second, partly L2-served pass). Backward: dx,
+    and the weight and bias gradients from per-program partial sums (rows over 8192 elements read
+    x and dy twice). Statistics in float32; the output has the input's dtype.
     """
     n = _check(input, normalized_shape, weight, bias, rms=False)
     if not _common.use_triton(input):
