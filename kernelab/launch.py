@@ -66,9 +66,15 @@ def _current_stream(device: int):
     return driver.active.get_current_stream(device)
 
 
-def _on_cuda(args) -> bool:
-    """The launch's first tensor argument is on a CUDA device (else Triton's path decides)."""
-    return next((a.is_cuda for a in args if isinstance(a, torch.Tensor)), False)
+def _cuda_index(args) -> int | None:
+    """The CUDA device of the launch's first tensor argument; None when it is not on CUDA (then
+    Triton's path decides)."""
+    index = next((a.get_device() for a in args if isinstance(a, torch.Tensor)), -1)
+    return index if index >= 0 else None
+
+
+def _device_guard(index: int):
+    return torch.cuda.device(index)
 
 
 class Launcher:
@@ -86,7 +92,13 @@ class Launcher:
         self.bound: dict = {}
 
     def __call__(self, grid, *args, num_warps: int, maxnreg: int | None = None, **constexprs):
-        if self.interpreted or not enabled() or not _triton_supported() or not _on_cuda(args):
+        index = None if self.interpreted else _cuda_index(args)
+        if index is not None and index != _current_device():
+            # Triton launches on the current device: make it the tensors' (a model on cuda:1
+            # called while cuda:0 is current would otherwise launch on the wrong GPU)
+            with _device_guard(index):
+                return self(grid, *args, num_warps=num_warps, maxnreg=maxnreg, **constexprs)
+        if self.interpreted or not enabled() or not _triton_supported() or index is None:
             return self._triton(grid, args, num_warps, maxnreg, constexprs)
         from triton import knobs
 

@@ -40,7 +40,7 @@ class FakeKernel:
 
 @pytest.fixture
 def cuda_free(monkeypatch):
-    monkeypatch.setattr(L, "_on_cuda", lambda args: True)
+    monkeypatch.setattr(L, "_cuda_index", lambda args: 0)
     monkeypatch.setattr(L, "_current_device", lambda: 0)
     monkeypatch.setattr(L, "_current_stream", lambda device: f"stream{device}")
     monkeypatch.delenv("KERNELAB_DIRECT_LAUNCH", raising=False)
@@ -125,3 +125,38 @@ def test_cpu_tensors_take_the_triton_path(monkeypatch):
     for _ in range(2):
         launcher((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
     assert len(kernel.triton_calls) == 2
+
+
+def test_tensors_on_another_device_launch_under_its_guard(cuda_free, monkeypatch):
+    """Triton launches on the current device: a launch whose tensors sit on cuda:1 while cuda:0 is
+    current runs with cuda:1 made current, and binds its own binary and stream there."""
+    current = [0]
+    entered = []
+
+    class Guard:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+            current.insert(0, self.index)
+
+        def __exit__(self, *exc):
+            current.pop(0)
+
+    monkeypatch.setattr(L, "_cuda_index", lambda args: 1)
+    monkeypatch.setattr(L, "_current_device", lambda: current[0])
+    monkeypatch.setattr(L, "_device_guard", Guard)
+    kernel = FakeKernel()
+    launcher = L.Launcher(kernel, interpreted=False)
+    launcher((8,), *_args(), num_warps=4, FLAG=True, BLOCK=256)
+    launcher((8,), *_args(), num_warps=4, FLAG=True, BLOCK=256)
+    assert entered == [1, 1] and current == [0]
+    (run,) = kernel.binary.runs
+    assert run[3] == "stream1"  # the stream of the tensors' device
+    assert all(key[-1] == 1 for key in launcher.bound)
+
+
+def test_cuda_index_of_cpu_tensors_is_none():
+    assert L._cuda_index((torch.zeros(2), 3)) is None
+    assert L._cuda_index((5, None)) is None

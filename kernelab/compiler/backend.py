@@ -103,6 +103,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str):
     if _debug() >= 3 and runner.source:  # 3: also the generated runner and every kernel's source
         print(runner.source, file=sys.stderr)
 
+    device = _cuda_device(example_inputs)
+
     def call(args):
         recorder = ACTIVE_PLAN[0]
         args = list(args)
@@ -111,7 +113,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str):
         if not runnable:
             _say_fallback(why)
             return list(gm(*args))
-        out = runner(args)
+        if device is not None and torch.cuda.current_device() != device:
+            # Triton launches on the current device: make it the graph's (a model on cuda:1 run
+            # while cuda:0 is current), as Inductor's generated code does with a device guard
+            with torch.cuda.device(device):
+                out = runner(args)
+        else:
+            out = runner(args)
         if not graph_plan.jit_s:  # the first call generated and imported the kernels
             graph_plan.note_compile(runner)
         return list(out)
@@ -120,6 +128,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str):
     call._boxed_call = True
     call.plan = graph_plan
     return call
+
+
+def _cuda_device(example_inputs) -> int | None:
+    """The CUDA device index of the graph's first CUDA tensor input, or None."""
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and t.get_device() >= 0:
+            return t.get_device()
+    return None
 
 
 def strict() -> bool:

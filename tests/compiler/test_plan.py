@@ -346,3 +346,18 @@ def test_register_cap_only_for_16_warp_row_kernels_that_need_it(monkeypatch):
     monkeypatch.setenv("KERNELAB_ROW_MAXNREG", "0")
     c = call()
     assert not runner().register_cap(c, binary(85)) and "maxnreg" not in c.meta
+
+
+def test_graph_device_is_its_first_cuda_input():
+    """The compiled call runs under a guard of this device when another one is current."""
+    import importlib
+
+    backend = importlib.import_module("kernelab.compiler.backend")
+
+    class OnCuda1(torch.Tensor):
+        def get_device(self):
+            return 1
+
+    cpu = torch.zeros(2)
+    assert backend._cuda_device([cpu, 3]) is None
+    assert backend._cuda_device([cpu, cpu.as_subclass(OnCuda1)]) == 1
