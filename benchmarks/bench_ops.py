@@ -61,27 +61,22 @@ def tune_variants() -> list:
     Round 8 (``--timer kernels``, ops_tune8_h200.csv): cross-entropy's forward split
     into chunks reduced by separate programs (``cross_entropy.FWD_SPLIT_C``) against one looping
     program per row; the target's loads moved ahead of the row's in both. And the erf GELU of 16-bit
-    inputs through ``pointwise._phi`` against libdevice's erff. Round 9 (this list, ``--timer
-    kernels``, ops_tune9_h200.csv): log_softmax's backward by teams; the norm forward's teams with
-    4096 columns a member, with and without prefetch; layer_norm at 16384 columns by teams."""
+    inputs through ``pointwise._phi`` against libdevice's erff. Round 9 (``--timer kernels``,
+    ops_tune9_h200.csv): log_softmax's backward by teams; the norm forward's teams with 4096
+    columns a member, with and without prefetch; layer_norm at 16384 columns by teams. Round 10
+    (this list, ``--timer kernels``, ops_tune10_h200.csv): the norm backward by teams at 16384
+    columns, where the default reads x and dy twice."""
     out = []
 
     def group(op, shape, backward, variants):
         out.append((op, shape, backward, "default", {}))
         out.extend((op, shape, backward, label, change) for label, change in variants)
 
-    for shape in ((4096, 65536), (2048, 262144)):
-        group("log_softmax", shape, True, [("team backward", {"softmax.TEAM_BACKWARD_LOG": True})])
-        for op in ("layer_norm", "rms_norm"):
-            group(op, shape, False, [
-                ("4096 a member", {"norms.FWD_TEAM_CHUNK": 4096}),
-                ("4096 a member, prefetch", {"norms.FWD_TEAM_CHUNK": 4096, "norms.FWD_TEAM_PREFETCH": True}),
-            ])
-    group("layer_norm", (16384, 16384), False, [
-        ("team of 2", {"norms.FWD_ONE_PASS_MAX": 8192}),
-        ("team of 4", {"norms.FWD_ONE_PASS_MAX": 8192, "norms.FWD_TEAM_CHUNK": 4096}),
-        ("team of 4, prefetch", {"norms.FWD_ONE_PASS_MAX": 8192, "norms.FWD_TEAM_CHUNK": 4096, "norms.FWD_TEAM_PREFETCH": True}),
-    ])
+    for op in ("layer_norm", "rms_norm"):
+        group(op, (16384, 16384), True, [
+            ("bwd teams of 4096", {"norms.BWD_TEAMS": True}),
+            ("bwd teams of 2048, 4/SM", {"norms.BWD_TEAMS": True, "norms.BWD_TEAM_CHUNK": 2048, "teams.BWD_PER_SM": 4}),
+        ])
     return out
 
 
