@@ -59,24 +59,25 @@ def tune_variants() -> list:
     (``kernelab/ops/teams.py``) against the two-pass kernels they replace, and their chunk / warps /
     programs-per-SM settings; round 6 without, round 7 with the next row loaded during the wait.
     Round 8 (``--timer kernels``, ops_tune8_h200.csv): cross-entropy's forward split
-    into chunks reduced by separate programs (``cross_entropy.FWD_SPLIT_C``) against one looping
+    into chunks reduced by separate programs against one looping
     program per row; the target's loads moved ahead of the row's in both. And the erf GELU of 16-bit
     inputs through ``pointwise._phi`` against libdevice's erff. Round 9 (``--timer kernels``,
     ops_tune9_h200.csv): log_softmax's backward by teams; the norm forward's teams with 4096
     columns a member, with and without prefetch; layer_norm at 16384 columns by teams. Round 10
-    (this list, ``--timer kernels``, ops_tune10_h200.csv): the norm backward by teams at 16384
-    columns, where the default reads x and dy twice."""
+    (``--timer kernels``, ops_tune10_h200.csv): the norm backward by teams at 16384 columns (that
+    kernel, and cross-entropy's split forward of round 8, were removed: slower). This list: every
+    team kernel against the two-pass kernels it replaced, to re-check them on another GPU."""
     out = []
 
     def group(op, shape, backward, variants):
         out.append((op, shape, backward, "default", {}))
         out.extend((op, shape, backward, label, change) for label, change in variants)
 
-    for op in ("layer_norm", "rms_norm"):
-        group(op, (16384, 16384), True, [
-            ("bwd teams of 4096", {"norms.BWD_TEAMS": True}),
-            ("bwd teams of 2048, 4/SM", {"norms.BWD_TEAMS": True, "norms.BWD_TEAM_CHUNK": 2048, "teams.BWD_PER_SM": 4}),
-        ])
+    two_pass = ("two-pass (no teams)", {"teams.ENABLED": False})
+    for shape in ((4096, 65536), (2048, 262144)):
+        for op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
+            group(op, shape, False, [two_pass])
+        group("softmax", shape, True, [two_pass])
     return out
 
 

@@ -105,7 +105,7 @@ class Launcher:
         runtime = knobs.runtime
         if hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook):
             return self._triton(grid, args, num_warps, maxnreg, constexprs)
-        device = _current_device()
+        device = index  # the current device, by the guard above
         key = (tuple(specialization(a) for a in args), tuple(constexprs.items()), num_warps, maxnreg, device)
         entry = self.bound.get(key)
         if entry is None:

@@ -35,11 +35,9 @@ _REDUCTIONS = ("none", "mean", "sum")
 #: Backward chunks of 1024-8192 measured within 2 % of each other; 4096 stays.
 FWD_BLOCK_C = None
 BWD_BLOCK_C = 4096
-#: Rows of more classes than this are split into chunks of this many, one program each (no loop),
-#: merged by a second, small launch; None: every row is looped over by one program. Elements a
-#: thread of those programs.
-FWD_SPLIT_C = None
-FWD_SPLIT_PER_THREAD = 16
+#: Splitting long rows into chunks reduced by separate programs (merged by a second launch) was
+#: built and measured slower at 4096-128256 classes (0.83-0.97x), 1.05x at 262144
+#: (results/ops_tune8_h200.csv); it was removed: one program loops over each row.
 
 
 def _fwd_chunk(c: int) -> int:
@@ -49,16 +47,13 @@ def _fwd_chunk(c: int) -> int:
 # --------------------------------------------------------------------------- kernels
 @triton.jit
 def _ce_fwd_kernel(
-    x_ptr, target_ptr, weight_ptr, wsum_ptr, loss_ptr, lse_ptr, wt_ptr, part_ptr,
+    x_ptr, target_ptr, weight_ptr, wsum_ptr, loss_ptr, lse_ptr, wt_ptr,
     stride_x,
-    M, C, splits,
+    M, C,
     ignore_index, smoothing,
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
 ):
-    """One row per program: loss_i, lse_i and the target's weight (0 if ignored). SPLITS_P2 = 0:
-    reads the row (x read once); else merges the row's ``splits`` partials written by
-    ``_ce_fwd_split_kernel``."""
+    """One row per program: loss_i, lse_i and the target's weight (0 if ignored); x read once."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     cols = tl.arange(0, BLOCK_C)
@@ -69,68 +64,30 @@ def _ce_fwd_kernel(
     t_safe = tl.where(valid, t, 0)
     x_t = tl.load(x_row + t_safe).to(tl.float32)
     w_t = tl.load(weight_ptr + t_safe).to(tl.float32) if HAS_WEIGHT else 1.0
-    if SPLITS_P2 > 0:
-        # merge the chunks' (max, sum of exp, sum of w x): sums rescaled to the row max
-        lanes = tl.arange(0, SPLITS_P2)
-        part = part_ptr + (row * splits + lanes) * 3
-        ms = tl.load(part, mask=lanes < splits, other=float("-inf"))
-        m = tl.max(ms, axis=0)
-        shift = tl.where(m == float("-inf"), 0.0, m)
-        s = tl.sum(tl.load(part + 1, mask=lanes < splits, other=0.0) * tl.exp(ms - shift), axis=0)
-        wx_total = tl.sum(tl.load(part + 2, mask=lanes < splits, other=0.0), axis=0) if SMOOTH else 0.0
-    else:
-        # pass over the row: online logsumexp, and sum_j w_j x_j for label smoothing
-        m = tl.full((), float("-inf"), tl.float32)
-        s = tl.full((), 0.0, tl.float32)
-        wx = tl.zeros((BLOCK_C,), tl.float32)
-        for start in tl.range(0, C, BLOCK_C, num_stages=STAGES):
-            idx = start + cols
-            x = tl.load(x_row + idx, mask=idx < C, other=float("-inf")).to(tl.float32)
-            m, s = lse_update(m, s, x)
-            if SMOOTH:
-                xs = tl.where(idx < C, x, 0.0)
-                if HAS_WEIGHT:
-                    xs = xs * tl.load(weight_ptr + idx, mask=idx < C, other=0.0).to(tl.float32)
-                wx += xs
-        wx_total = tl.sum(wx, axis=0)
+    # pass over the row: online logsumexp, and sum_j w_j x_j for label smoothing
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.full((), 0.0, tl.float32)
+    wx = tl.zeros((BLOCK_C,), tl.float32)
+    for start in tl.range(0, C, BLOCK_C, num_stages=STAGES):
+        idx = start + cols
+        x = tl.load(x_row + idx, mask=idx < C, other=float("-inf")).to(tl.float32)
+        m, s = lse_update(m, s, x)
+        if SMOOTH:
+            xs = tl.where(idx < C, x, 0.0)
+            if HAS_WEIGHT:
+                xs = xs * tl.load(weight_ptr + idx, mask=idx < C, other=0.0).to(tl.float32)
+            wx += xs
     lse = tl.where(m == float("-inf"), 0.0, m) + tl.log(s)
     loss = w_t * (lse - x_t)
     if SMOOTH:
         wsum = tl.load(wsum_ptr) if HAS_WEIGHT else C * 1.0
-        loss = (1.0 - smoothing) * loss + smoothing / C * (lse * wsum - wx_total)
+        loss = (1.0 - smoothing) * loss + smoothing / C * (lse * wsum - tl.sum(wx, axis=0))
     # ignored rows count zero; other out-of-range targets poison the loss
     ignored = t == ignore_index
     loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
     tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
     tl.store(lse_ptr + row, lse)
     tl.store(wt_ptr + row, tl.where(ignored, 0.0, w_t))
-
-
-@triton.jit
-def _ce_fwd_split_kernel(
-    x_ptr, weight_ptr, part_ptr,
-    stride_x,
-    M, C, splits,
-    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    """Long rows in ``splits`` chunks of BLOCK_C classes, one program each (program = row * splits
-    + chunk), every chunk reduced at once (no loop, no loop-carried max): its max, sum of exp(x -
-    max) and, with smoothing, sum of w x, into part[row, chunk, 0:3]. x read once."""
-    pid = tl.program_id(0).to(tl.int64)
-    row = pid // splits
-    idx = (pid % splits) * BLOCK_C + tl.arange(0, BLOCK_C)
-    ok = idx < C
-    x = tl.load(x_ptr + row * stride_x + idx, mask=ok, other=float("-inf")).to(tl.float32)
-    m = tl.max(x, axis=0)
-    shift = tl.where(m == float("-inf"), 0.0, m)
-    part = part_ptr + pid * 3
-    tl.store(part, m)
-    tl.store(part + 1, tl.sum(tl.exp(x - shift), axis=0))
-    if SMOOTH:
-        xs = tl.where(ok, x, 0.0)
-        if HAS_WEIGHT:
-            xs = xs * tl.load(weight_ptr + idx, mask=ok, other=0.0).to(tl.float32)
-        tl.store(part + 2, tl.sum(xs, axis=0))
 
 
 @triton.jit
@@ -214,24 +171,12 @@ def _ce_forward(logits, target, weight, ignore_index: int, smoothing: float, red
     loss = _common.empty((m,), logits.dtype if none else torch.float32, logits.device)
     if m and c:
         x = _common.as_rows(logits, c)
-        flags = dict(HAS_WEIGHT=weight is not None, SMOOTH=smoothing > 0)
-        part, splits, block_c, warps = None, 1, min(_common.next_pow2(c), _fwd_chunk(c)), None
-        if FWD_SPLIT_C and c > FWD_SPLIT_C:
-            # long rows: chunks reduced by separate programs, then merged per row below
-            block_c = FWD_SPLIT_C
-            splits = _common.cdiv(c, block_c)
-            part = torch.empty((m * splits * 3,), dtype=torch.float32, device=logits.device)
-            _common.launch(_ce_fwd_split_kernel, (m * splits,))(
-                x, weight, part, x.stride(0), m, c, splits, **flags, BLOCK_C=block_c,
-                num_warps=_common.warps_for(block_c, FWD_SPLIT_PER_THREAD),
-            )
-            warps = 1
+        block_c = min(_common.next_pow2(c), _fwd_chunk(c))
         _common.launch(_ce_fwd_kernel, (m,))(
-            x, target, weight, _weight_sum(weight, smoothing), loss, lse, wt, part,
-            x.stride(0), m, c, splits, ignore_index, smoothing,
-            **flags, BLOCK_C=block_c, STAGES=_common.STAGES,
-            SPLITS_P2=_common.next_pow2(splits) if part is not None else 0,
-            num_warps=warps or _common.warps_for(block_c),
+            x, target, weight, _weight_sum(weight, smoothing), loss, lse, wt,
+            x.stride(0), m, c, ignore_index, smoothing,
+            HAS_WEIGHT=weight is not None, SMOOTH=smoothing > 0, BLOCK_C=block_c,
+            STAGES=_common.STAGES, num_warps=_common.warps_for(block_c),
         )
     elif m:
         loss.fill_(float("nan")), lse.fill_(float("-inf")), wt.fill_(1.0)

@@ -14,7 +14,7 @@ the forward splits each row across a team of programs that exchange (mean, M2) t
 barrier (``teams.py``; x read once; the interpreter loops over chunks and takes a second,
 reversed pass over x, partly served by L2); the backward of rows longer than MAX_FUSED_BWD first
 reads x and dy once for c1 and c2 (a 4th and 5th pass), then runs the same tiled kernel as short
-rows (its team kernel, ``BWD_TEAMS``, measured slower). (Holding a 16384-column row in the one-pass
+rows (a team kernel for it measured slower and was removed). (Holding a 16384-column row in the one-pass
 backward spills registers: measured 1.51 TB/s fwd+bwd against 2.19 for the two-kernel path.)
 """
 
@@ -42,9 +42,6 @@ MAX_FUSED_BWD = 8192
 BWD_PROGRAMS_PER_SM = 4
 BWD_TILE = 2048
 BWD_PER_THREAD = 16
-#: Columns per team member of the long-row backward (``teams.py``): it holds x, dy, xhat, g and the
-#: dw and db sums, 6 floats a column; 8192 columns at 8 warps spilled 328 bytes a thread (sm_90).
-BWD_TEAM_CHUNK = 4096
 #: The long-row forward's teams (``teams.py``): members per SM, and whether a member loads its
 #: next row while the team waits. Measured on the H200 (bf16, GPU time, ops_tune6_h200.csv):
 #: without prefetch at 4 per SM (64 registers) 2.95 / 2.72 TB/s at 65536 / 262144 columns; with
@@ -55,10 +52,11 @@ FWD_TEAM_PREFETCH = False
 #: (longer rows take teams).
 FWD_TEAM_CHUNK = teams.FWD_CHUNK
 FWD_ONE_PASS_MAX = _common.MAX_FUSED
-#: The long-row backward's teams: off. Measured 2.29 / 2.08 TB/s fwd+bwd (layer_norm, 65536 /
-#: 262144 columns) and rms_norm 2.40 / 2.26, against 2.35 / 2.25 and 2.61 / 2.50 for the
-#: two-pass backward (x, dy, w, xhat, g and two accumulators leave room for 2 members per SM).
-BWD_TEAMS = False
+#: A team kernel for the backward of long rows (x and dy read once) was built and removed: it
+#: measured slower than the two-pass backward (layer_norm fwd+bwd 2.29 / 2.08 TB/s at 65536 /
+#: 262144 columns vs 2.35 / 2.25, rms_norm 2.40 / 2.26 vs 2.61 / 2.50: x, dy, w, xhat, g and two
+#: accumulators leave room for 2 members per SM; at 16384 columns 0.95-1.03x;
+#: results/ops_tune6_h200.csv, ops_tune7_h200.csv, ops_tune10_h200.csv).
 
 
 # --------------------------------------------------------------------------- jitted helpers
@@ -315,51 +313,6 @@ def _norm_fwd_team_kernel(
     teams.leave(count_ptr, gone_ptr, team, TEAM)
 
 
-@triton.jit
-def _norm_bwd_team_kernel(
-    x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, part_ptr, count_ptr, gone_ptr,
-    stride_x, stride_dy, stride_dx,
-    M, N,
-    RMS: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
-    CHUNK: tl.constexpr, TEAM: tl.constexpr, TEAM_P2: tl.constexpr,
-):
-    """Long rows split across a team of programs: the team adds up its members' sums of g * xhat
-    and g for c1 and c2. x and dy read once, dx written once; each member sums dw and db over its
-    team's rows, stored as row ``team`` of [teams, N] float32 partials."""
-    team, rank, n_teams, cols = teams.member(CHUNK, TEAM)
-    ok = cols < N
-    dw_acc = tl.zeros((CHUNK,), tl.float32)
-    db_acc = tl.zeros((CHUNK,), tl.float32)
-    x_next = teams.load_row(x_ptr, team.to(tl.int64), stride_x, cols, ok, M, 0.0)
-    dy_next = teams.load_row(dy_ptr, team.to(tl.int64), stride_dy, cols, ok, M, 0.0)
-    phase = 0
-    for row in range(team.to(tl.int64), M, n_teams):
-        x = x_next.to(tl.float32)
-        dy = dy_next.to(tl.float32)
-        rstd = tl.load(rstd_ptr + row)
-        mean = 0.0 if RMS else tl.load(mean_ptr + row)
-        xhat = tl.where(ok, (x - mean) * rstd, 0.0)
-        g = dy * tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32) if HAS_W else dy
-        teams.publish(part_ptr, count_ptr, team, rank, phase, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0), TEAM_P2)
-        x_next = teams.load_row(x_ptr, row + n_teams, stride_x, cols, ok, M, 0.0)
-        dy_next = teams.load_row(dy_ptr, row + n_teams, stride_dy, cols, ok, M, 0.0)
-        c1s, c2s, _ = teams.gather(part_ptr, count_ptr, team, phase, TEAM, TEAM_P2)
-        c1 = tl.sum(c1s, axis=0) / N
-        c2 = 0.0 if RMS else tl.sum(c2s, axis=0) / N
-        dx = (g - xhat * c1 - c2) * rstd
-        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=ok)
-        if NEED_DW:
-            dw_acc += dy * xhat
-        if NEED_DB:
-            db_acc += dy
-        phase += 1
-    if NEED_DW:
-        tl.store(dw_ptr + team.to(tl.int64) * N + cols, dw_acc, mask=ok)
-    if NEED_DB:
-        tl.store(db_ptr + team.to(tl.int64) * N + cols, db_acc, mask=ok)
-    teams.leave(count_ptr, gone_ptr, team, TEAM)
-
-
 # --------------------------------------------------------------------------- launchers
 def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool):
     """(y, mean, rstd): y of x's shape and dtype; mean and rstd float32 per row (mean empty for rms)."""
@@ -409,16 +362,7 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
         return dx, dw, db
     x2, dy2, dx2 = _common.as_rows(x, n), _common.as_rows(dy, n), dx.view(-1, n)
     flags = dict(RMS=rms, HAS_W=weight is not None, NEED_DW=need_dw, NEED_DB=need_db)
-    p = teams.plan(m, n, x.device, BWD_TEAM_CHUNK, teams.BWD_WARPS, teams.BWD_PER_SM, longer_than=MAX_FUSED_BWD)
-    if p is not None and BWD_TEAMS:
-        dw, db = _partials(need_dw, need_db, p.teams, n, x.device)
-        _common.launch(_norm_bwd_team_kernel, p.grid)(
-            x2, weight, dy2, mean, rstd, dx2, dw, db, *teams.buffers(x.device, p),
-            x2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
-            **flags, CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, num_warps=p.warps, maxnreg=p.maxnreg,
-        )
-    else:
-        dw, db = _norm_backward_tiled(x2, dy2, dx2, weight, mean, rstd, m, n, flags)
+    dw, db = _norm_backward_tiled(x2, dy2, dx2, weight, mean, rstd, m, n, flags)
     return (dx, *_weight_grads(dw, db, n, wdtype, x.device))
 
 

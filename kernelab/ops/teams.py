@@ -48,8 +48,8 @@ from ..launch import _current_stream
 from . import _common
 
 #: Elements of a row per member, warps per member and members per SM, by kernel kind. Forward
-#: kernels hold one chunk (32 floats a thread at 8192 x 8 warps); backward kernels hold two
-#: (y and dy, or x and dy) plus the norms' weight-gradient accumulators, hence fewer per SM.
+#: kernels hold one chunk (32 floats a thread at 8192 x 8 warps); the backward (softmax's) holds two,
+#: y and dy, and each next row's, hence fewer per SM.
 FWD_CHUNK, FWD_WARPS, FWD_PER_SM = 8192, 8, 4
 BWD_CHUNK, BWD_WARPS, BWD_PER_SM = 8192, 8, 2
 #: Largest team: longer rows (over 2M elements at 8192 a member) take the two-pass kernels.

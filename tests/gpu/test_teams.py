@@ -14,7 +14,6 @@ from kernelab import ops as K
 from kernelab.ops import _common
 
 teams = importlib.import_module("kernelab.ops.teams")
-norms = importlib.import_module("kernelab.ops.norms")
 
 pytestmark = pytest.mark.skipif(
     _common.INTERPRETED or not torch.cuda.is_available(), reason="team kernels run on a CUDA GPU, without the interpreter"
@@ -79,10 +78,8 @@ def test_softmax_team_special_rows():
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rms", [False, True])
-@pytest.mark.parametrize("bwd_teams", [False, True], ids=["bwd-two-pass", "bwd-teams"])
-def test_norm_team(shape, dtype, rms, bwd_teams, monkeypatch):
-    """The forward's teams, with the backward's (off by default: slower) or without."""
-    monkeypatch.setattr(norms, "BWD_TEAMS", bwd_teams)
+def test_norm_team(shape, dtype, rms):
+    """The forward by teams, the backward by the two-pass kernels."""
     m, n = shape
     x, dy = inputs(shape, dtype, seed=1, strided=m == 300)
     x = (x + 5).requires_grad_(True)  # an offset: the mean matters

@@ -117,32 +117,3 @@ def test_errors_match_torch():
         assert type(a.value) is type(b.value), kw
         assert str(a.value) == str(b.value), kw
 
-
-@pytest.fixture
-def split_rows(monkeypatch):
-    """Rows of more than 16 classes take the split forward (chunks by separate programs, merged)."""
-    import importlib
-
-    ce = importlib.import_module("kernelab.ops.cross_entropy")
-    monkeypatch.setattr(ce, "FWD_SPLIT_C", 16)
-    return ce
-
-
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-@pytest.mark.parametrize("weighted", [False, True])
-def test_split_forward(split_rows, reduction, smoothing, weighted):
-    c = 37  # 3 chunks of 16, the last partial
-    x = randn((11, c), torch.float32, scale=2.0)
-    w = (torch.rand(c, generator=torch.Generator().manual_seed(3)) + 0.5) if weighted else None
-    check(x, targets((11,), c, ignore_index=5), weight=w, ignore_index=5, reduction=reduction, label_smoothing=smoothing)
-
-
-def test_split_forward_shapes_and_special_rows(split_rows):
-    check(randn((3, 4097), torch.float16, scale=3.0), targets((3,), 4097))
-    check(randn((5, 16), torch.float32), targets((5,), 16))  # exactly one chunk: not split
-    x = randn((4, 50), torch.float32, grad=False).clone()
-    x[0, :40] = float("-inf")  # whole chunks of -inf beside finite ones
-    x[1, 17] = float("nan")
-    x[2] *= 1e4
-    check(x.requires_grad_(), torch.tensor([45, 2, 3, -100]), reduction="none")
