@@ -9,12 +9,16 @@ block, row tile, warps and minimum tiles per split, next to Inductor's two-kerne
 and checks every result against torch. Bytes moved: x read once (the per-column y and the outputs
 are negligible). Writes OUT_DIR/column_tune.csv and prints the best configuration per shape and
 the one that is best overall (geometric mean of time relative to each shape's best).
+
+``COLUMN_TUNE_GRID=programs`` tunes the programs per SM instead (2, 4, 8; the default grid keeps 2)
+over a smaller grid of the other axes, written to OUT_DIR/column_tune_programs.csv.
 """
 from __future__ import annotations
 
 import csv
 import itertools
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -32,20 +36,24 @@ from compiler_suite import env_row  # noqa: E402
 from _script import gpu_out_dir  # noqa: E402
 
 SHAPES = [(4096, 1024), (16384, 4096), (1 << 20, 64), (2048, 16384)]
+GRID = os.environ.get("COLUMN_TUNE_GRID", "default")
 CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES = (32, 64, 128), (2048, 4096, 8192), (4, 8), (2, 8)
+PER_SM = (2,)
+if GRID == "programs":
+    CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES, PER_SM = (32, 64), (4096, 8192), (4, 8), (2,), (2, 4, 8)
 
 
 def fn(x, y):
     return (x * y).sum(0)
 
 
-def patched(cblock, elems, warps, min_tiles):
+def patched(cblock, elems, warps, min_tiles, per_sm=2):
     def column_launch(self, rows, n_cols, device):
         cb = min(runtime._pow2(n_cols), cblock)
         xb = min(runtime._pow2(rows), max(1, elems // cb))
         col_blocks = (n_cols + cb - 1) // cb
         tiles = (rows + xb - 1) // xb
-        programs = 2 * runtime._sm_count(device)
+        programs = per_sm * runtime._sm_count(device)
         splits = max(1, min((programs + col_blocks - 1) // col_blocks, tiles // min_tiles))
         per = (tiles + splits - 1) // splits
         splits = (tiles + per - 1) // per
@@ -69,18 +77,19 @@ def main():
         ind_us = triton.testing.do_bench(lambda: ind(x, y), warmup=10, rep=50) * 1e3
         rows.append({"shape": "x".join(map(str, shape)), "config": "inductor", "us": ind_us,
                      "tbps": nbytes / ind_us / 1e6, "ok": True})
-        for cb, el, w, mt in itertools.product(CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES):
-            runtime.GroupRunner.column_launch = patched(cb, el, w, mt)
+        for cb, el, w, mt, ps in itertools.product(CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES, PER_SM):
+            runtime.GroupRunner.column_launch = patched(cb, el, w, mt, ps)
             torch._dynamo.reset()
             f = klc.compile(fn)
             got = f(x, y)
             ok = bool(torch.allclose(got.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item()))
             us = triton.testing.do_bench(lambda: f(x, y), warmup=10, rep=50) * 1e3
-            rows.append({"shape": "x".join(map(str, shape)), "config": f"c{cb}_e{el}_w{w}_t{mt}", "us": us,
+            rows.append({"shape": "x".join(map(str, shape)), "config": f"c{cb}_e{el}_w{w}_t{mt}" + (f"_p{ps}" if len(PER_SM) > 1 else ""), "us": us,
                          "tbps": nbytes / us / 1e6, "ok": ok})
         runtime.GroupRunner.column_launch = original
     env = env_row(torch.device("cuda"))
-    with open(out / "column_tune.csv", "w", newline="") as fh:
+    name = "column_tune.csv" if GRID == "default" else f"column_tune_{GRID}.csv"
+    with open(out / name, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]) + list(env))
         w.writeheader()
         w.writerows({**r, **env} for r in rows)

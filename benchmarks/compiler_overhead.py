@@ -12,11 +12,15 @@ kernelab's graph runner and Triton launches. For a few programs this prints, per
 * gpu_us: the summed duration of the call's kernels (torch.profiler);
 * bench_us: triton.testing.do_bench, as the suite measures it.
 
-kernelab runs twice: with its direct launcher (default) and with KERNELAB_DIRECT_LAUNCH=0
-(every launch through ``kernel[grid](...)``). The cProfile of one kernelab call loop is written to
-OUT_DIR/profiles.txt. The MLP block's training step and the transformer block's forward
-list every kernel with its time per mode in OUT_DIR/kernels.txt. Results:
-OUT_DIR/compiler_overhead.csv, a table last.
+kernelab runs three times: as it is, with KERNELAB_DIRECT_CALL=0 (aot_autograd's runtime wrapper
+around every inference graph; ``kernelab_aot_wrapper``) and with KERNELAB_DIRECT_LAUNCH=0 (every
+launch through ``kernel[grid](...)``; ``kernelab_jit_launch``). The cProfile of one kernelab call
+loop is written to OUT_DIR/profiles.txt. The MLP block's training step and the transformer block's
+forward (training mode: its parameters require grad) and the transformer's inference forward
+(``torch.no_grad``) list every kernel with its time per mode in OUT_DIR/kernels.txt, profiles of
+both modes in profiles.txt (with kernelab's generated runner of each graph), and the ATen ops'
+host time of one call per mode (torch.profiler, CPU) in kernels.txt.
+Results: OUT_DIR/compiler_overhead.csv, a table last.
 """
 from __future__ import annotations
 
@@ -91,13 +95,50 @@ def kernel_table(step, args) -> list[tuple[str, float]]:
     return [(e.name, e.device_time_total) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+def op_host_table(step, x) -> list[str]:
+    """The host time of each ATen op and launch of one call (torch.profiler, CPU activity)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            step(x)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60)
+    return ["-- host time per op, 5 calls:"] + table.splitlines()
+
+
+def runner_sources(step, x, name, out: Path) -> None:
+    """Run the first (compiling) call with KERNELAB_DEBUG=3 and keep the generated runners (the
+    Python each call runs), not the kernels' sources, in OUT_DIR/profiles.txt."""
+    import contextlib
+
+    text = io.StringIO()
+    os.environ["KERNELAB_DEBUG"] = "3"
+    try:
+        with contextlib.redirect_stderr(text):
+            step(x)
+            step(x)
+    finally:
+        os.environ["KERNELAB_DEBUG"] = "0"
+    keep, lines = False, []
+    for line in text.getvalue().splitlines():
+        if line.startswith("def run(args):"):
+            keep = True
+        elif keep and line and not line.startswith(" "):
+            keep = False
+        if keep or line.startswith("kernelab:"):
+            lines.append(line)
+    with open(out / "profiles.txt", "a") as fh:
+        fh.write(f"==== runners of {name}\n" + "\n".join(lines) + "\n")
+
+
 def model_breakdown(out: Path) -> list[dict]:
     """The MLP block's training step and the transformer block's forward, per mode: every kernel
     with its time, written to OUT_DIR/kernels.txt; the totals come back as rows."""
     import kernelab.compiler as klc
 
     rows = []
-    for name in ("mlp_block_fwd_bwd", "transformer_block"):
+    for name in ("mlp_block_fwd_bwd", "transformer_block", "transformer_block_nograd"):
         lines = []
         for mode in ("inductor", "kernelab"):
             torch._dynamo.reset()
@@ -111,11 +152,16 @@ def model_breakdown(out: Path) -> list[dict]:
                 backward = False
             fn = torch.compile(module) if mode == "inductor" else klc.compile(module)
             step = cs.make_step(fn, backward, list(module.parameters()))
+            if name.endswith("_nograd"):
+                step = torch.no_grad()(step)
+            if mode == "kernelab":
+                runner_sources(step, x, name, out)
             for _ in range(3):
                 step(x)
             kernels = kernel_table(step, [x])
             lines.append(f"== {mode}: {len(kernels)} kernels, {sum(t for _, t in kernels):.1f} us on the GPU")
             lines += [f"{t:9.1f}  {k[:150]}" for k, t in kernels]
+            lines += op_host_table(step, x)
             rows.append({"program": name, "mode": mode, "host_us": host_us(step, [x], n=50, repeats=3),
                          "gpu_us": sum(t for _, t in kernels), "bench_us": bench_us(step, [x])})
             prof = cProfile.Profile()
@@ -124,7 +170,7 @@ def model_breakdown(out: Path) -> list[dict]:
                 step(x)
             prof.disable()
             text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(45)
             with open(out / "profiles.txt", "a") as fh:
                 fh.write(f"==== {name} {mode}\n{text.getvalue()}\n")
         with open(out / "kernels.txt", "a") as fh:
@@ -147,13 +193,15 @@ def main():
             f(*args)
             rows.append({"program": name, "mode": mode, "host_us": host_us(f, args), "gpu_us": gpu_us(f, args),
                          "bench_us": bench_us(f, args)})
-        os.environ["KERNELAB_DIRECT_LAUNCH"] = "0"
-        torch._dynamo.reset()
-        f = klc.compile(fn)
-        f(*args)
-        rows.append({"program": name, "mode": "kernelab_jit_launch", "host_us": host_us(f, args),
-                     "gpu_us": gpu_us(f, args), "bench_us": bench_us(f, args)})
-        os.environ["KERNELAB_DIRECT_LAUNCH"] = "1"
+        for mode, switch in (("kernelab_aot_wrapper", "KERNELAB_DIRECT_CALL"),
+                             ("kernelab_jit_launch", "KERNELAB_DIRECT_LAUNCH")):
+            os.environ[switch] = "0"
+            torch._dynamo.reset()
+            f = klc.compile(fn)
+            f(*args)
+            rows.append({"program": name, "mode": mode, "host_us": host_us(f, args),
+                         "gpu_us": gpu_us(f, args), "bench_us": bench_us(f, args)})
+            os.environ[switch] = "1"
         torch._dynamo.reset()
         f = klc.compile(fn)
         f(*args)

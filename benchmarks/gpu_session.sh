@@ -3,8 +3,9 @@
 #   1. kernelab.ops: the benchmark grid against eager, torch.compile and Liger-Kernel
 #      (benchmarks/bench_ops.py; Liger from /tmp/site when the device README's wheel is carried);
 #   2. the compiler suite against Inductor, caches in empty directories (cold compiles);
-#   3. the compiler's row-kernel register cap, off against on (KERNELAB_ROW_MAXNREG=0 / 64).
-# Everything lands under $OUT (default ./out): ops/, compiler/, cap0/, cap64/ and one log each.
+#   3. where the compiler's cold compiles and host time go (compile_breakdown.py, then
+#      compiler_overhead.py), caches in empty directories.
+# Everything lands under $OUT (default ./out): ops/, compiler/, breakdown/, overhead/ and one log each.
 #   bash benchmarks/gpu_session.sh                 # all three
 #   bash benchmarks/gpu_session.sh ops compiler    # a subset, in this order
 set -uo pipefail
@@ -12,7 +13,7 @@ OUT="${OUT:-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(ops compiler cap)
+[ ${#parts[@]} -eq 0 ] && parts=(ops compiler costs)
 if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_session.sh: no CUDA GPU here; these measurements run on the device machine" >&2
     exit 2
@@ -31,16 +32,16 @@ for part in "${parts[@]}"; do
             python3 benchmarks/compiler_suite.py "$OUT/compiler" --budget-s 130 > "$OUT/compiler.log" 2>&1
             tail -3 "$OUT/compiler.log"
             ;;
-        cap)
-            for cap in 0 64; do
-                fresh
-                KERNELAB_ROW_MAXNREG=$cap python3 benchmarks/compiler_suite.py "$OUT/cap$cap" --budget-s 60 \
-                    --only layer_norm rms_norm layer_norm_fwd_bwd > "$OUT/cap$cap.log" 2>&1
-                echo "KERNELAB_ROW_MAXNREG=$cap"; grep -E "^(layer_norm|rms_norm)" "$OUT/cap$cap.log"
-            done
+        costs)
+            fresh
+            python3 benchmarks/compile_breakdown.py "$OUT/breakdown" > "$OUT/breakdown.log" 2>&1
+            tail -5 "$OUT/breakdown.log"
+            fresh
+            python3 benchmarks/compiler_overhead.py "$OUT/overhead" > "$OUT/overhead.log" 2>&1
+            tail -40 "$OUT/overhead.log"
             ;;
         *)
-            echo "gpu_session.sh: unknown part '$part' (ops, compiler, cap)" >&2
+            echo "gpu_session.sh: unknown part '$part' (ops, compiler, costs)" >&2
             exit 2
             ;;
     esac

@@ -140,3 +140,88 @@ class Launcher:
         except Exception:  # noqa: BLE001 - another Triton: its ordinary path still works
             return False
         return compiled, tuple(constexprs[n] for n in rest)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch's precompiled launcher
+
+
+@functools.lru_cache(maxsize=1)
+def _static_launcher_class():
+    """torch's ``StaticallyLaunchedCudaKernel`` (what Inductor launches Triton binaries with), or
+    None: its module was renamed between torch versions, and CPU builds have no CUDA launcher."""
+    import importlib
+
+    if os.environ.get("KERNELAB_STATIC_LAUNCH", "1") == "0" or not hasattr(torch._C, "_StaticCudaLauncher"):
+        return None
+    for name in ("torch._inductor.runtime.static_triton_launcher", "torch._inductor.runtime.static_cuda_launcher"):
+        try:
+            return importlib.import_module(name).StaticallyLaunchedCudaKernel
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+class StaticLauncher:
+    """A Triton binary launched through ``torch._C._StaticCudaLauncher``: a C++ launcher compiled
+    into torch, so the binary's first launch builds nothing. Triton <= 3.6 writes and compiles (gcc)
+    a C launcher for every new argument signature instead, 0.17-0.20 s on the H200's host.
+
+    torch's own wrapper class loads the binary (it knows this torch's loader and the binary's extra
+    scratch parameters); launches call the C++ entry with the runtime arguments: the positional
+    arguments whose parameter the binary did not specialize into a constant."""
+
+    __slots__ = ("owner", "function", "num_warps", "shared", "arg_types", "keep", "extra", "entry")
+
+    @classmethod
+    def bind(cls, compiled, device_index: int, n_args: int, cubin_dir: str) -> "StaticLauncher | None":
+        kernel_class = _static_launcher_class()
+        if kernel_class is None:
+            return None
+        try:
+            return cls(compiled, kernel_class, device_index, n_args, cubin_dir)
+        except Exception:  # noqa: BLE001 - shared memory, hooks, scratch it does not take: Triton's launcher
+            return None
+
+    def __init__(self, compiled, kernel_class, device_index: int, n_args: int, cubin_dir: str):
+        compiled._cubin_path = _write_cubin(compiled, cubin_dir)
+        loaded = kernel_class(compiled)
+        try:
+            loaded.load_kernel(device_index)
+        except TypeError:  # older torch: the current device
+            loaded.load_kernel()
+        src = compiled.src
+        names = list(src.fn.arg_names)
+
+        def position(key) -> int:
+            return names.index(key) if isinstance(key, str) else key[0] if isinstance(key, tuple) else key
+
+        signature = {position(k): v for k, v in src.signature.items()}
+        constants = {position(k) for k in getattr(src, "constants", {})}
+        keep = tuple(i for i in sorted(signature) if signature[i] != "constexpr" and i not in constants)
+        if not keep or len(keep) != len(loaded.arg_tys) or keep[-1] >= n_args:
+            raise ValueError("the binary's runtime parameters are not the launch's positional arguments")
+        self.extra = (None,) * (bool(getattr(loaded, "has_global_scratch", False))
+                                + bool(getattr(loaded, "has_profile_scratch", False)))
+        self.arg_types = loaded.arg_tys + "O" * len(self.extra)
+        self.owner = loaded  # holds the loaded module: torch's class unloads it when collected
+        self.function, self.num_warps, self.shared, self.keep = loaded.function, loaded.num_warps, loaded.shared, keep
+        self.entry = torch._C._StaticCudaLauncher._launch_kernel
+
+    def launch(self, grid: tuple, stream: int, args: tuple) -> None:
+        keep = self.keep
+        runtime = (args[:len(keep)] if keep[-1] == len(keep) - 1 else tuple([args[i] for i in keep])) + self.extra
+        self.entry(self.function, grid[0], grid[1], grid[2], self.num_warps, self.shared, self.arg_types,
+                   runtime, stream)
+
+
+def _write_cubin(compiled, cubin_dir: str) -> str:
+    """The binary's cubin as a file (torch's loader reads a path), named by Triton's hash."""
+    path = os.path.join(cubin_dir, f"{compiled.hash}.cubin")
+    if not os.path.exists(path):
+        os.makedirs(cubin_dir, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(compiled.asm["cubin"])
+        os.replace(tmp, path)
+    return path

@@ -160,3 +160,83 @@ def test_tensors_on_another_device_launch_under_its_guard(cuda_free, monkeypatch
 def test_cuda_index_of_cpu_tensors_is_none():
     assert L._cuda_index((torch.zeros(2), 3)) is None
     assert L._cuda_index((5, None)) is None
+
+
+# ------------------------------------------------------------------ torch's precompiled launcher
+
+
+class FakeSource:
+    """Triton's ASTSource of a kernel (x_ptr, y_ptr, n, one, eps, BLOCK): ``one`` was specialized to
+    the constant 1 at the first launch and BLOCK is a constexpr."""
+
+    class fn:
+        arg_names = ["x_ptr", "y_ptr", "n", "one", "eps", "BLOCK"]
+
+    signature = {"x_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32", "one": "constexpr", "eps": "fp32",
+                 "BLOCK": "constexpr"}
+    constants = {(3,): 1, (5,): 1024}
+
+
+class FakeCompiled:
+    hash = "abc123"
+    asm = {"cubin": b"\x7fELF fake cubin"}
+    src = FakeSource
+
+
+class FakeTorchKernel:
+    """torch's StaticallyLaunchedCudaKernel: reads the cubin path, loads, knows its arg types."""
+
+    def __init__(self, compiled, scratch=True):
+        self.path = compiled._cubin_path
+        self.arg_tys = "OOif"
+        self.has_global_scratch = scratch
+        self.function, self.num_warps, self.shared = 77, 4, 0
+        self.loaded_on = None
+
+    def load_kernel(self, device):
+        self.loaded_on = device
+
+
+def test_static_launcher_passes_runtime_arguments_and_scratch(tmp_path, monkeypatch):
+    launched = []
+
+    class Entry:
+        @staticmethod
+        def _launch_kernel(*args):
+            launched.append(args)
+
+    monkeypatch.setattr(torch._C, "_StaticCudaLauncher", Entry, raising=False)
+    static = L.StaticLauncher(FakeCompiled(), FakeTorchKernel, 0, 5, str(tmp_path / "cubin"))
+    assert static.owner.loaded_on == 0
+    assert open(static.owner.path, "rb").read() == FakeCompiled.asm["cubin"]
+    x, y = torch.zeros(4), torch.zeros(4, dtype=torch.bfloat16)
+    static.launch((3, 1, 1), 1234, (x, y, 4096, 1, 0.5))
+    (call,) = launched
+    assert call[:7] == (77, 3, 1, 1, 4, 0, "OOifO")  # one scratch pointer added
+    assert call[7][0] is x and call[7][1] is y and call[7][2:] == (4096, 0.5, None) and call[8] == 1234
+
+
+def test_static_launcher_refuses_a_signature_it_cannot_map(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch._C, "_StaticCudaLauncher", object, raising=False)
+
+    class Wrong(FakeTorchKernel):
+        def __init__(self, compiled):
+            super().__init__(compiled)
+            self.arg_tys = "OOi"  # the binary takes fewer runtime arguments than the signature says
+
+    with pytest.raises(ValueError):
+        L.StaticLauncher(FakeCompiled(), Wrong, 0, 5, str(tmp_path))
+    # bind() turns every such failure into None: Triton's own launcher is used
+    monkeypatch.setattr(L, "_static_launcher_class", lambda: Wrong)
+    assert L.StaticLauncher.bind(FakeCompiled(), 0, 5, str(tmp_path)) is None
+    monkeypatch.setattr(L, "_static_launcher_class", lambda: None)
+    assert L.StaticLauncher.bind(FakeCompiled(), 0, 5, str(tmp_path)) is None
+
+
+def test_static_launcher_switch_and_cpu_build(monkeypatch):
+    L._static_launcher_class.cache_clear()
+    monkeypatch.setenv("KERNELAB_STATIC_LAUNCH", "0")
+    try:
+        assert L._static_launcher_class() is None
+    finally:
+        L._static_launcher_class.cache_clear()

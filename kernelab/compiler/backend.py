@@ -63,23 +63,88 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    direct = []  # the inference graph's own call, where aot_autograd's runtime wrapper has no work
+    autocast = torch._C._is_any_autocast_enabled()  # aot_autograd turns it off around the compilers
+
     def compiler(kind):
         def compile_fn(fx_gm, inputs):
             recorder = ACTIVE_PLAN[0]
             if recorder is not None:
                 recorder.suppress += 1  # tracing runs ops too: none of them is a kernel of the call
             try:
-                return compile_graph(fx_gm, inputs, kind)
+                call = compile_graph(fx_gm, inputs, kind)
             finally:
                 if recorder is not None:
                     recorder.suppress -= 1
+            if kind == "inference" and not autocast and _wrapper_has_no_work(gm, inputs, example_inputs):
+                direct.append(call)
+            return call
         return torch._disable_dynamo(compile_fn)  # a backward compiled inside a traced frame
 
-    return aot_module_simplified(
+    compiled = aot_module_simplified(
         gm, example_inputs, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"), decompositions=decompositions(),
         partition_fn=min_cut_rematerialization_partition,
     )
+    return _direct_inference(direct[0]) if direct else compiled
+
+
+def direct_calls() -> bool:
+    """KERNELAB_DIRECT_CALL=0 keeps aot_autograd's runtime wrapper around every inference graph."""
+    return os.environ.get("KERNELAB_DIRECT_CALL", "1") != "0"
+
+
+def _wrapper_has_no_work(gm, graph_inputs, example_inputs) -> bool:
+    """True where aot_autograd's inference runtime wrapper would only switch grad mode off around
+    the call: no input mutated, no output aliasing an input or another output, no effect tokens,
+    no tensor subclass, no functionalized RNG, no dynamic-dim marks, no grad-mode change (autocast
+    off is checked by the caller), and the compiled graph takes exactly dynamo's inputs (nothing deduplicated, no synthetic
+    base, no lifted parameters). Read from the metadata aot_autograd leaves on the tracing context.
+    On the H200's host that wrapper costs several microseconds per call: a large share of a
+    small graph's whole call."""
+    from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None or not direct_calls() or not isinstance(gm, torch.fx.GraphModule):
+        return False
+    if len(graph_inputs) != len(example_inputs) or any(True for _ in gm.parameters()) or any(
+            True for _ in gm.buffers()):
+        return False
+    if getattr(meta, "is_rng_op_functionalized", False):
+        return False
+    if meta.tokens or meta.num_intermediate_bases or getattr(meta, "grad_enabled_mutation", None) is not None:
+        return False
+    if getattr(meta, "dynamic_outputs", False) or getattr(meta, "num_graphsafe_rng_states", 0):
+        return False
+    if any(i.mutates_data or i.mutates_metadata for i in meta.input_info):
+        return False
+    if any(o.output_type != OutputType.non_alias or o.requires_grad for o in meta.output_info):
+        return False
+    return all(isinstance(m, (int, PlainTensorMeta)) for m in meta.subclass_inp_meta)
+
+
+def _direct_inference(call):
+    """Dynamo's compiled function for an inference graph whose aot_autograd wrapper has no work:
+    our call with grad mode off (what that wrapper does), in dynamo's unboxed convention. Dynamo
+    already runs it with tracing disabled."""
+    boxed = call.raw
+    set_grad = torch._C._set_grad_enabled
+    is_grad = torch.is_grad_enabled
+
+    def run(*args):
+        if is_grad():
+            set_grad(False)
+            try:
+                return boxed(args)
+            finally:
+                set_grad(True)
+        return boxed(args)
+
+    run.plan = call.plan
+    run.direct = True
+    return run
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str):
@@ -104,30 +169,34 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str):
         print(runner.source, file=sys.stderr)
 
     device = _cuda_device(example_inputs)
+    current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
     def call(args):
+        if device is not None and current_device() != device:
+            # Triton launches, and the runner allocates, on the current device: make it the
+            # graph's (a model on cuda:1 run while cuda:0 is current), as Inductor's generated
+            # code does with a device guard
+            with torch.cuda.device(device):
+                return run(args)
+        return run(args)
+
+    def run(args):
         recorder = ACTIVE_PLAN[0]
-        args = list(args)
         if recorder is not None:
-            return list(runner(args, hooks=recorder.hooks(graph_plan)))
+            return list(runner(list(args), hooks=recorder.hooks(graph_plan)))
         if not runnable:
             _say_fallback(why)
             return list(gm(*args))
-        if device is not None and torch.cuda.current_device() != device:
-            # Triton launches on the current device: make it the graph's (a model on cuda:1 run
-            # while cuda:0 is current), as Inductor's generated code does with a device guard
-            with torch.cuda.device(device):
-                out = runner(args)
-        else:
-            out = runner(args)
+        out = runner(args)
         if not graph_plan.jit_s:  # the first call generated and imported the kernels
             graph_plan.note_compile(runner)
-        return list(out)
+        return out
 
-    call = torch._disable_dynamo(call)  # never trace the runner (backward runs inside frames)
-    call._boxed_call = True
-    call.plan = graph_plan
-    return call
+    boxed = torch._disable_dynamo(call)  # never trace the runner (backward runs inside frames)
+    boxed._boxed_call = True
+    boxed.plan = graph_plan
+    boxed.raw = call
+    return boxed
 
 
 def _cuda_device(example_inputs) -> int | None:

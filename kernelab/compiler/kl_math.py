@@ -1,17 +1,28 @@
 """Jitted math helpers the generated kernels call (``klm.tanh(x)``) where ``triton.language`` has
-no single instruction. Written from core ``tl`` ops only, so they run unchanged under Triton's
-interpreter (which has no libdevice) and on the GPU. Inputs and results are float32 or float64.
+no single instruction. Written from core ``tl`` ops, so they run under Triton's interpreter (which
+has no libdevice); on the GPU, tanh, expm1 and log1p call libdevice instead (what Inductor and
+eager's CUDA kernels call): the core-op tanh left a 5-op chain with it at 88% of copy bandwidth
+against Inductor's 95% (``chain5`` in the compiler suite). ``GPU`` is a constexpr, so the branch
+not taken is never compiled (GPU) or run (interpreter). Inputs and results are float32 or float64.
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+#: Compiled for a GPU (Triton's interpreter off when this module was imported).
+GPU = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 
 @triton.jit
 def tanh(x):
     """tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}); an odd Taylor series below |x| < 0.3,
     where 1 - e^{-2|x|} would cancel (the series' first dropped term is below 2e-8 relative)."""
+    if GPU:
+        return libdevice.tanh(x)
     a = tl.abs(x)
     t = tl.exp(-2.0 * a)
     big = (1.0 - t) / (1.0 + t)
@@ -24,6 +35,8 @@ def tanh(x):
 @triton.jit
 def expm1(x):
     """e^x - 1 without cancellation near 0 (Kahan: (u - 1) x / log u with u = e^x)."""
+    if GPU:
+        return libdevice.expm1(x)
     u = tl.exp(x)
     um1 = u - 1.0
     r = tl.where(um1 == 0.0, x, um1 * x / tl.log(u))
@@ -33,6 +46,8 @@ def expm1(x):
 @triton.jit
 def log1p(x):
     """log(1 + x) without cancellation near 0 (Kahan: log(u) x / (u - 1) with u = 1 + x)."""
+    if GPU:
+        return libdevice.log1p(x)
     u = 1.0 + x
     return tl.where(u == 1.0, x, tl.where(u == float("inf"), u, tl.log(u) * x / (u - 1.0)))
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from ..launch import enabled as launch_enabled, hooked, specialization
+from ..launch import StaticLauncher, enabled as launch_enabled, hooked, specialization
 from ..report import debug_level
 from . import codegen, fusion, ops_table
 
@@ -36,21 +36,18 @@ META = torch.device("meta")
 # Longest row (a power of two) kept in registers by one block. Interpreted: 4096, so that the
 # tests' 4097-long rows take the looped path.
 PERSISTENT_MAX = {"gpu": 8192, "interpreter": 4096}
+#: Longest row kept in registers on a GPU when the group takes a variance (see reduction_launch).
+VAR_PERSISTENT_MAX = 4096
+
+
+def persistent_max() -> int:
+    """The longest row kept in registers on a GPU: ``PERSISTENT_MAX["gpu"]``, or
+    ``KERNELAB_PERSISTENT_MAX`` (a power of two; shorter sends more rows to the looped template)."""
+    return int(os.environ.get("KERNELAB_PERSISTENT_MAX", "0") or 0) or PERSISTENT_MAX["gpu"]
+
+
 #: Launch options in a call's meta that are not kernel parameters.
 _OPTIONS = ("num_warps", "maxnreg")
-
-
-def row_maxnreg() -> int:
-    """Register cap for persistent row kernels of 16 warps (rows of 8192 on the GPU) whose binary
-    needs more (``GroupRunner.register_cap``), 0 for none.
-
-    16 warps need <= 64 registers a thread for two programs to share an SM. The layer norm kernel
-    over rows of 8192 needs 85 (sm_90 ptxas; 64 and 64 bytes of stack capped); RMS norm and
-    softmax need 64 or fewer and are left alone. The ops' layer_norm at 16384 went from 2.5 to
-    3.4 TB/s on the H200 with such a cap (results/ops_tune5_h200.csv). For the compiler's layer
-    norm and RMS norm over 16384x8192 it changed nothing (0.1715 vs 0.1714 ms, H200,
-    results/compiler_cap_h200.txt), so it is off unless ``KERNELAB_ROW_MAXNREG=64`` is set."""
-    return int(os.environ.get("KERNELAB_ROW_MAXNREG", "0") or 0)
 
 
 def cache_dir() -> str:
@@ -151,6 +148,10 @@ class _Call:
     workspace: int = 0  # float32 values of scratch a column reduction's splits need per launch
     col_blocks: int = 0  # a column reduction's column blocks: one arrival counter each
     counters: dict = field(default_factory=dict)  # stream -> int32 counters, zeroed once, reset by the kernel
+    empty: object = None  # (size, stride, dtype) -> uninitialized tensor on ``device``: see _allocator
+
+    def __post_init__(self):
+        self.empty = _allocator(self.device)
 
     def scratch(self) -> tuple:
         """The column template's (workspace, counters) arguments; nothing for other kernels.
@@ -170,6 +171,27 @@ class _Call:
 # launching without Triton's per-call work
 
 
+def _specialization_key(varying) -> tuple:
+    """What selects the binary among a cached call's varying arguments: a tensor's 16-byte alignment
+    (its dtype is fixed for the graph), a scalar's :func:`specialization`."""
+    return tuple([a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else specialization(a) for a in varying])
+
+
+def _allocator(device: torch.device):
+    """``empty(size, stride, dtype)`` on ``device``. Inductor's own allocators (C++ entry points
+    that skip the dispatcher's argument parsing: ~7 us an allocation through ``torch.empty_strided``
+    on the H200's host, where a call allocates up to ten outputs) where this torch has them; they
+    allocate on the current device, which the compiled call makes the graph's."""
+    guards = getattr(torch._C._dynamo, "guards", None)
+    fast = getattr(guards, f"_empty_strided_{device.type}", None)
+    if fast is not None and (device.type != "cuda" or device.index is not None):
+        return fast
+
+    def empty(size, stride, dtype):
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+    return empty
+
+
 def _no_direct(call: _Call, why: str) -> None:
     if debug_level() >= 2:
         name = getattr(call.kernel, "__name__", "a kernel")
@@ -179,15 +201,17 @@ def _no_direct(call: _Call, why: str) -> None:
 
 @dataclass
 class _DirectLaunch:
-    """Triton's compiled launcher for one cached call, bound once.
+    """A cached call's binary with its launcher, bound once.
 
     ``kernel[grid](*args)`` binds the arguments to the signature, computes their specialization
     key and looks the binary up, every time: tens of microseconds of Python for a kernel that may
     run for two. A cached call's integer arguments and output pointers never change, so only the
     inputs' alignment (and the symbolic scalars) can select another binary; while they match the
-    first launch's, the binary's launcher is called directly with the same argument list Triton
-    passes it (every bound argument, constexprs included, in signature order; Triton >= 3.3).
-    Anything else (a profiler's launch hook, other alignment) takes the ordinary path.
+    first launch's, the binary is launched directly: through torch's precompiled launcher
+    (``launch.StaticLauncher``, no gcc at the first launch) where this torch has one, else
+    through Triton's own launcher with the argument list Triton passes it (every bound argument,
+    constexprs included, in signature order; Triton >= 3.3). Anything else (a profiler's launch
+    hook, other alignment) takes the ordinary path.
     """
 
     compiled: object
@@ -197,6 +221,7 @@ class _DirectLaunch:
     device_index: int
     stream_of: object
     knobs: object
+    static: object = None  # launch.StaticLauncher, or None: Triton's launcher
 
     @classmethod
     def bind(cls, call: _Call, compiled, args, varying) -> "_DirectLaunch | None":
@@ -213,11 +238,13 @@ class _DirectLaunch:
                 return _no_direct(call, f"signature {names} does not end in the constexprs {list(call.meta)}")
             if hasattr(compiled, "result"):  # an asynchronous compile's future
                 compiled = compiled.result()
-            compiled._init_handles()
+            index = call.device.index if call.device.index is not None else torch.cuda.current_device()
+            static = StaticLauncher.bind(compiled, index, len(args), os.path.join(cache_dir(), "cubin"))
+            if static is None:
+                compiled._init_handles()  # Triton's launcher (built with gcc by Triton <= 3.6)
             return cls(compiled, tuple(call.grid) + (1,) * (3 - len(call.grid)),
-                       tuple(call.meta[n] for n in constexpr_names), tuple(specialization(a) for a in varying),
-                       call.device.index if call.device.index is not None else torch.cuda.current_device(),
-                       driver.active.get_current_stream, knobs)
+                       tuple(call.meta[n] for n in constexpr_names), _specialization_key(varying),
+                       index, driver.active.get_current_stream, knobs, static)
         except Exception as exc:  # noqa: BLE001 - another Triton: the ordinary launch path still works
             return _no_direct(call, f"{type(exc).__name__}: {exc}")
 
@@ -227,13 +254,17 @@ class _DirectLaunch:
         the symbolic scalars; outputs are fresh allocations, aligned, and the rest is cached)."""
         runtime = self.knobs.runtime
         hook = hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook)
-        if hook or tuple(specialization(a) for a in varying) != self.key:
+        if hook or _specialization_key(varying) != self.key:
             if debug_level() >= 3:
                 print(f"kernelab: {self.compiled.name} takes Triton's launch path "
                       f"({'a launch hook is set' if hook else 'other input alignment'})", file=sys.stderr)
             return False
+        stream = self.stream_of(self.device_index)
+        if self.static is not None:
+            self.static.launch(self.grid, stream, args)
+            return True
         c = self.compiled
-        c.run(self.grid[0], self.grid[1], self.grid[2], self.stream_of(self.device_index), c.function,
+        c.run(self.grid[0], self.grid[1], self.grid[2], stream, c.function,
               c.packed_metadata, None, None, None, *args, *self.constexprs)
         return True
 
@@ -286,48 +317,39 @@ class GroupRunner:
             call = self.calls[key] = self.prepare_or_refuse(raw)
         if call is None:
             return self.reference(raw, scalars)
-        outs = [torch.empty_strided(size, stride, dtype=dtype, device=call.device) for size, stride, dtype in call.outs]
+        empty = call.empty
+        outs = [empty(size, stride, dtype) for size, stride, dtype in call.outs]
         ins = [t.to(call.device) if i in call.move else t for i, t in enumerate(raw)] if call.move else raw
-        args = (*ins, *outs, *call.scratch(), *call.tail, *scalars)
+        args = (*ins, *outs, *call.scratch(), *call.tail, *scalars) if call.col_blocks else (*ins, *outs, *call.tail, *scalars)
         if call.direct is not None and call.direct.launch(args, (*ins, *scalars)):
             pass
         elif call.launched:
             call.kernel[call.grid](*args, **call.meta)
         else:  # the first launch compiles the kernel: a failure there falls back too
             try:
-                compiled = call.kernel[call.grid](*args, **call.meta)
+                call.direct = self.first_launch(call, args, (*ins, *scalars))
                 call.launched = True
             except Exception as exc:
                 self.calls[key] = None
                 self.refuse(exc)
                 return self.reference(raw, scalars)
-            if self.register_cap(call, compiled):
-                return outs  # the next call compiles the capped binary (and binds it)
-            if not self.interpret and launch_enabled():
-                call.direct = _DirectLaunch.bind(call, compiled, args, (*ins, *scalars))
         return outs
 
-    def register_cap(self, call: "_Call", compiled) -> bool:
-        """A 16-warp persistent row kernel whose binary needs more than ``row_maxnreg()``
-        registers a thread (one program per SM) is capped: the next call compiles it with
-        ``maxnreg`` (ptxas spills a few words) so that two programs share an SM."""
-        cap = row_maxnreg()
-        if (not cap or self.interpret or "maxnreg" in call.meta or call.meta.get("num_warps", 0) < 16
-                or "RBLOCK" not in call.meta or self.group.kind != "reduction"):
-            return False
-        try:
-            compiled._init_handles()
-            needs = int(compiled.n_regs)
-        except Exception:  # noqa: BLE001 - another Triton: no cap
-            return False
-        if needs <= cap:
-            return False
-        call.meta["maxnreg"] = cap
-        call.launched = False
-        if debug_level() >= 2:
-            print(f"kernelab: {self.group.name} needs {needs} registers a thread at 16 warps; "
-                  f"recompiled with maxnreg={cap}", file=sys.stderr)
-        return True
+    def first_launch(self, call: _Call, args: tuple, varying: tuple) -> "_DirectLaunch | None":
+        """Compile the call's binary, launch it, and return its bound launcher (None: every launch
+        takes ``kernel[grid](...)``). On a GPU the binary is compiled without launching
+        (``warmup``) and launched through torch's precompiled launcher where this torch has one:
+        Triton <= 3.6 builds a C launcher with gcc for every new argument signature at a binary's
+        first launch, 0.17-0.20 s on the H200's host (``benchmarks/compile_breakdown.py``), about
+        half of a one-kernel graph's cold compile. Inductor launches the same way."""
+        if self.interpret or not launch_enabled():
+            call.kernel[call.grid](*args, **call.meta)
+            return None
+        compiled = call.kernel.warmup(*args, grid=call.grid, **call.meta)
+        direct = _DirectLaunch.bind(call, compiled, args, varying)
+        if direct is None or not direct.launch(args, varying):
+            call.kernel[call.grid](*args, **call.meta)
+        return direct
 
     def reference(self, raw: list, scalars: list) -> list:
         """The group's outputs computed by its ATen ops (empty tensors, a kernel that failed)."""
@@ -417,9 +439,19 @@ class GroupRunner:
         return _Call(self.kernel(launch.rank, launch.persistent), ((rows + xblock - 1) // xblock,), tail, meta,
                      [(tuple(o.shape), o.stride(), o.dtype) for o in outs], device)
 
+    def has_var(self) -> bool:
+        return any(fusion.is_reduction(n) and fusion.reduction_kind(n) == "var" for n in self.group.nodes)
+
     def reduction_launch(self, sizes, strides, rows, n_cols, ins) -> _Launch:
         rblock = _pow2(n_cols)
-        persistent = rblock <= PERSISTENT_MAX["interpreter" if self.interpret else "gpu"]
+        persistent = rblock <= (PERSISTENT_MAX["interpreter"] if self.interpret else persistent_max())
+        if persistent and not self.interpret and rblock > VAR_PERSISTENT_MAX and self.has_var():
+            # a variance over a long row keeps the row and its deviations live: the layer norm
+            # kernel over rows of 8192 needs 85 registers a thread at 16 warps (one program per
+            # SM). Looped (three passes, the re-reads from L2), 16384x8192 bf16 went from 0.174 to
+            # 0.151 ms on the H200 (compiler_suite, back-to-back calls; Inductor 0.147); RMS norm
+            # (one sum) got slower looped (0.133 -> 0.140 ms) and stays persistent
+            persistent = False
         if not persistent:
             rblock = 4096 if self.interpret else 2048
         # elements of one [XBLOCK, RBLOCK] tile: on the GPU 16 per thread per live value. Measured
@@ -649,40 +681,53 @@ class GraphRunner:
                 env[item] = _call(item, env)
             for n in dead:
                 env.pop(n, None)
-        return fx.node.map_arg(self.output_args, lambda a: _lookup(a, env))
+        return list(fx.node.map_arg(self.output_args, lambda a: _lookup(a, env)))
 
     @property
     def group_runners(self):
         return [item for kind, item in self.steps if kind == "group"]
 
 
-#: ATen views with one output and static arguments: a chain of them is one as_strided of its root.
+#: ATen views with one output and static arguments: a chain of them is one aliasing of its root.
 _CHAIN_VIEWS = {
     "aten.view.default", "aten._unsafe_view.default", "aten.permute.default", "aten.transpose.int",
     "aten.t.default", "aten.expand.default", "aten.unsqueeze.default", "aten.squeeze.dim",
     "aten.squeeze.dims", "aten.squeeze.default", "aten.select.int", "aten.slice.Tensor",
-    "aten.alias.default", "aten.diagonal.default",
+    "aten.alias.default", "aten.detach.default", "aten.diagonal.default",
 }
 
 
+def _tracked_view(root, size, stride, offset):
+    return root.as_strided(size, stride, offset)
+
+
+#: Inductor's ``reinterpret_tensor``: an alias of a tensor's storage with the given layout, made in
+#: C++ without the dispatcher (~2 us on the H200's host against ~4-6 us for a view op or
+#: ``as_strided``). It records no view relation, so only values the graph does not return use it.
+_UNTRACKED_VIEW = getattr(getattr(torch._C._dynamo, "guards", None), "_reinterpret_tensor", None) or _tracked_view
+
+
 class _ViewChain:
-    """Views applied one after another to a root value, replayed as one ``as_strided``.
+    """Views applied one after another to a root value, replayed as one aliasing of the root.
 
     Every view's result is a (size, stride, storage offset) of the root's storage that depends only
     on the root's own (size, stride, offset): the first call runs the views and records the result;
-    later calls with the root laid out alike make one ``as_strided`` instead of one ATen call per
-    view (a transformer block's forward has ~20 such calls, ~4 us each on the H200's host)."""
+    later calls with the root laid out alike make one alias of the root instead of one ATen call per
+    view (a transformer block's forward has ~25 such calls, ~4-6 us each on the H200's host). A
+    value the graph returns is replayed as an ``as_strided`` view (aot_autograd may look at its
+    base); others as an untracked alias (``_UNTRACKED_VIEW``)."""
 
-    __slots__ = ("steps", "key", "size", "stride", "offset")
+    __slots__ = ("steps", "key", "size", "stride", "offset", "make")
 
-    def __init__(self, steps):
+    def __init__(self, steps, returned: bool):
         self.steps = steps  # [(target, extra args)], root first
         self.key = None
+        self.make = _tracked_view if returned else _UNTRACKED_VIEW
 
     def __call__(self, root):
         key = (root.shape, root.stride(), root.storage_offset())
         if key == self.key:
-            return root.as_strided(self.size, self.stride, self.offset)
+            return self.make(root, self.size, self.stride, self.offset)
         out = root
         for target, args in self.steps:
             out = target(out, *args)
@@ -692,14 +737,14 @@ class _ViewChain:
 
 
 def _view_chains(runner: "GraphRunner") -> tuple[dict, set]:
-    """({terminal view node: (root, _ViewChain)}, elided view nodes): views of two or more steps
-    whose intermediate results nothing else reads. A view the graph returns stays as it is."""
+    """({terminal view node: (root, _ViewChain)}, elided view nodes): views of one or more steps
+    whose intermediate results nothing else reads."""
     outputs = set(_nodes_in(runner.output_args))
 
     def chainable(n) -> bool:
         if not (isinstance(n, fx.Node) and n.op == "call_function" and fusion.target_name(n) in _CHAIN_VIEWS):
             return False
-        if n in outputs or n.kwargs or not n.args or not isinstance(n.args[0], fx.Node):
+        if n.kwargs or not n.args or not isinstance(n.args[0], fx.Node):
             return False
         return all(_static_arg(a) for a in n.args[1:]) and _static(fusion.value(n))
 
@@ -707,15 +752,16 @@ def _view_chains(runner: "GraphRunner") -> tuple[dict, set]:
     views = {n for n in nodes if chainable(n)}
     # read by other views only: never computed (every reader is either elided too or folded; a
     # one-step view reads a non-view root)
-    elided = {n for n in views if n.users and all(u in views for u in n.users)}
+    elided = {n for n in views if n.users and n not in outputs and all(u in views for u in n.users)}
     chains = {}
     for n in views - elided:
         steps, cur = [], n
         while cur in views:
             steps.append((cur.target, tuple(cur.args[1:])))
             cur = cur.args[0]
-        if len(steps) >= 2:
-            chains[n] = (cur, _ViewChain(steps[::-1]))
+            if cur not in elided:
+                break
+        chains[n] = (cur, _ViewChain(steps[::-1], n in outputs))
     return chains, elided
 
 
