@@ -72,7 +72,7 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, **options):
             if recorder is not None:
                 recorder.suppress += 1  # tracing runs ops too: none of them is a kernel of the call
             try:
-                call = compile_graph(fx_gm, inputs, kind)
+                call = compile_graph(fx_gm, inputs, kind, _visible_outputs(kind))
             finally:
                 if recorder is not None:
                     recorder.suppress -= 1
@@ -147,15 +147,31 @@ def _direct_inference(call):
     return run
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str):
-    """Partition one ATen graph and return its boxed callable."""
+def _visible_outputs(kind: str) -> int | None:
+    """How many leading outputs of a training forward aot_autograd hands to the caller (tokens,
+    mutated inputs, user outputs, intermediate bases, the RNG offset); the rest are tensors saved
+    for the backward. None (all) where the metadata does not say."""
+    if kind != "forward":
+        return None
+    from torch._guards import TracingContext
+
+    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+    try:
+        return int(meta.num_forward_returns) + int(getattr(meta, "num_outputs_rng_offset", 0)) + len(meta.tokens)
+    except (AttributeError, TypeError):
+        return None
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_outputs: int | None = None):
+    """Partition one ATen graph and return its boxed callable. ``visible_outputs``: see
+    ``runtime.GraphRunner.visible_outputs``."""
     from . import graph, plan, runtime
 
     runnable, why = _can_run(example_inputs, gm)  # may import triton: a once-per-process cost
     t0 = time.perf_counter()
     try:
         part = graph.partition(gm)
-        runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs))
+        runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs), visible_outputs)
     except Exception as exc:  # a compiler bug must not break the user's program: ATen runs it
         if strict():
             raise

@@ -654,14 +654,18 @@ class GraphRunner:
     free_after: list  # per step: nodes whose last use it is
     placeholders: list
     output_args: object
+    #: how many leading outputs the caller may see as views (aot_autograd's user outputs of a
+    #: training forward; the rest are tensors saved for the backward, which it detaches anyway);
+    #: None: all of them
+    visible_outputs: int | None = None
 
     @classmethod
-    def build(cls, gm: fx.GraphModule, part, interpret: bool) -> "GraphRunner":
+    def build(cls, gm: fx.GraphModule, part, interpret: bool, visible_outputs: int | None = None) -> "GraphRunner":
         runners = {id(g): GroupRunner(g, interpret) for g in part.groups}
         steps = _schedule(gm, part, runners)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         output = next(n for n in gm.graph.nodes if n.op == "output")
-        return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0])
+        return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0], visible_outputs)
 
     def __post_init__(self):
         self.source, self.straight = _straight_line(self)
@@ -714,8 +718,9 @@ class _ViewChain:
     on the root's own (size, stride, offset): the first call runs the views and records the result;
     later calls with the root laid out alike make one alias of the root instead of one ATen call per
     view (a transformer block's forward has ~25 such calls, ~4-6 us each on the H200's host). A
-    value the graph returns is replayed as an ``as_strided`` view (aot_autograd may look at its
-    base); others as an untracked alias (``_UNTRACKED_VIEW``)."""
+    value the caller sees is replayed as an ``as_strided`` view (aot_autograd may look at its
+    base); others, tensors saved for the backward included, as an untracked alias
+    (``_UNTRACKED_VIEW``: aot_autograd detaches saved views, one more ATen call each)."""
 
     __slots__ = ("steps", "key", "size", "stride", "offset", "make")
 
@@ -740,6 +745,9 @@ def _view_chains(runner: "GraphRunner") -> tuple[dict, set]:
     """({terminal view node: (root, _ViewChain)}, elided view nodes): views of one or more steps
     whose intermediate results nothing else reads."""
     outputs = set(_nodes_in(runner.output_args))
+    visible = outputs
+    if runner.visible_outputs is not None and isinstance(runner.output_args, (list, tuple)):
+        visible = set(_nodes_in(list(runner.output_args[:runner.visible_outputs])))
 
     def chainable(n) -> bool:
         if not (isinstance(n, fx.Node) and n.op == "call_function" and fusion.target_name(n) in _CHAIN_VIEWS):
@@ -761,7 +769,7 @@ def _view_chains(runner: "GraphRunner") -> tuple[dict, set]:
             cur = cur.args[0]
             if cur not in elided:
                 break
-        chains[n] = (cur, _ViewChain(steps[::-1], n in outputs))
+        chains[n] = (cur, _ViewChain(steps[::-1], n in visible))
     return chains, elided
 
 

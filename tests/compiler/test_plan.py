@@ -358,3 +358,23 @@ def test_long_rows_with_a_variance_take_the_looped_template():
     assert launch(lambda x, w: F.layer_norm(x, (4096,), w), x[:, :4096].contiguous(), w[:4096]).persistent
     assert launch(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, x, w).persistent
     assert launch(lambda x: x.softmax(-1), x).persistent
+
+
+def test_saved_views_are_untracked_aliases_and_visible_ones_views():
+    """In a training forward, the outputs past aot_autograd's user outputs are saved for the
+    backward (and detached there if they are views): they are replayed as untracked aliases; the
+    outputs the caller sees stay views of their base."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kernelab.compiler import graph, runtime
+
+    gm = make_fx(lambda a, b: [a.t(), b.t()])(torch.randn(3, 4), torch.randn(4, 5))
+    runner = runtime.GraphRunner.build(gm, graph.partition(gm), True, visible_outputs=1)
+    chains, _ = runtime._view_chains(runner)
+    makes = [chain.make for _, chain in sorted(chains.values(), key=lambda rc: rc[0].name)]
+    assert makes == [runtime._tracked_view, runtime._UNTRACKED_VIEW]
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    for _ in range(2):  # the second call replays
+        ta, tb = runner([a, b])
+        assert torch.equal(ta, a.t()) and torch.equal(tb, b.t())
+    assert ta._is_view() and not tb._is_view()
