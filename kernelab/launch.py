@@ -12,6 +12,9 @@ integer classes) and whose constexprs and warps are the same call the binary's l
 with the argument list Triton itself passes it (every argument in signature order, constexprs
 included; Triton >= 3.3). Anything else takes Triton's ordinary path: the interpreter, a launch
 hook (a profiler such as proton), ``KERNELAB_DIRECT_LAUNCH=0``, another Triton.
+
+:class:`StaticLauncher` launches a binary through torch's precompiled launcher instead of Triton's
+(the compiler's runner uses it): no gcc build of a C launcher at a new signature's first launch.
 """
 
 from __future__ import annotations
