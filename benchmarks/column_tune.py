@@ -39,6 +39,8 @@ SHAPES = [(4096, 1024), (16384, 4096), (1 << 20, 64), (2048, 16384)]
 GRID = os.environ.get("COLUMN_TUNE_GRID", "default")
 CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES = (32, 64, 128), (2048, 4096, 8192), (4, 8), (2, 8)
 PER_SM = (2,)
+if GRID not in ("default", "programs"):
+    sys.exit(f"column_tune.py: COLUMN_TUNE_GRID must be 'default' or 'programs', got {GRID!r}")
 if GRID == "programs":
     CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES, PER_SM = (32, 64), (4096, 8192), (4, 8), (2,), (2, 4, 8)
 

@@ -89,8 +89,11 @@ def first_call(fn, args) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--only", nargs="*", choices=sorted(CASES), metavar="NAME",
+                    help=f"programs to time (default all: {', '.join(CASES)})")
     opts = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (it times first calls of compiled GPU programs)")
     opts.out.mkdir(parents=True, exist_ok=True)
     import kernelab.compiler as klc
 

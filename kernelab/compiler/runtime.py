@@ -43,11 +43,16 @@ VAR_PERSISTENT_MAX = 4096
 def persistent_max() -> int:
     """The longest row kept in registers on a GPU: ``PERSISTENT_MAX["gpu"]``, or
     ``KERNELAB_PERSISTENT_MAX`` (a power of two; shorter sends more rows to the looped template)."""
-    return int(os.environ.get("KERNELAB_PERSISTENT_MAX", "0") or 0) or PERSISTENT_MAX["gpu"]
+    value = os.environ.get("KERNELAB_PERSISTENT_MAX", "")
+    if not value:
+        return PERSISTENT_MAX["gpu"]
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"KERNELAB_PERSISTENT_MAX must be a positive integer, got {value!r}")
+    return int(value)
 
 
 #: Launch options in a call's meta that are not kernel parameters.
-_OPTIONS = ("num_warps", "maxnreg")
+_OPTIONS = ("num_warps",)
 
 
 def cache_dir() -> str:

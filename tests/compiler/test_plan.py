@@ -378,3 +378,16 @@ def test_saved_views_are_untracked_aliases_and_visible_ones_views():
         ta, tb = runner([a, b])
         assert torch.equal(ta, a.t()) and torch.equal(tb, b.t())
     assert ta._is_view() and not tb._is_view()
+
+
+def test_persistent_max_setting(monkeypatch):
+    from kernelab.compiler import runtime
+
+    monkeypatch.delenv("KERNELAB_PERSISTENT_MAX", raising=False)
+    assert runtime.persistent_max() == runtime.PERSISTENT_MAX["gpu"]
+    monkeypatch.setenv("KERNELAB_PERSISTENT_MAX", "4096")
+    assert runtime.persistent_max() == 4096
+    for bad in ("abc", "0", "-8"):
+        monkeypatch.setenv("KERNELAB_PERSISTENT_MAX", bad)
+        with pytest.raises(ValueError, match="KERNELAB_PERSISTENT_MAX must be a positive integer"):
+            runtime.persistent_max()
