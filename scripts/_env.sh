@@ -3,7 +3,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${KERNELAB_VENV:-$ROOT/.venv}"
-TORCH_PIN="${KERNELAB_TORCH:-torch==2.13.0}"
+# torch 2.14.1 with torchvision 0.29.1: the model zoo needs torchvision, whose wheels do not load
+# against torch 2.13.0's CPU build ("operator torchvision::nms does not exist")
+TORCH_PIN="${KERNELAB_TORCH:-torch==2.14.1 torchvision==0.29.1}"
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
@@ -12,7 +14,8 @@ fi
 STAMP="$VENV/.kernelab-installed"
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     python -m pip install -q --upgrade pip
-    python -c "import torch" 2>/dev/null || python -m pip install -q "$TORCH_PIN"
+    # shellcheck disable=SC2086 - two pinned requirements
+    python -c "import torch, torchvision" 2>/dev/null || python -m pip install -q $TORCH_PIN
     python -m pip install -q -e "$ROOT[dev]"
     touch "$STAMP"
 fi

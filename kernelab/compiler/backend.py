@@ -49,7 +49,16 @@ def decompositions() -> dict:
     table.update(get_decompositions(extra))
     for op in (aten.mean.dim, aten.var.correction):
         table.pop(op, None)
+    # Fused attention whose backward op is not decomposed must stay whole: the CPU flash op's
+    # decomposition returns a logsumexp that its (undecomposed) backward op reads differently, so
+    # decomposing only the forward gave gradients off by 25-33x relative norm (issue 11)
+    for op in _KEEP_WHOLE:
+        table.pop(getattr(aten, op).default, None)
     return table
+
+
+#: Ops kept out of the decomposition table, each with its backward op run as ATen alongside it.
+_KEEP_WHOLE = ("_scaled_dot_product_flash_attention_for_cpu",)
 
 
 def _debug() -> int:

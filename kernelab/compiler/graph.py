@@ -77,6 +77,7 @@ def partition(gm: fx.GraphModule) -> Partition:
     for node in gm.graph.nodes:
         if node.op == "call_function":
             state.place(node)
+    _break_cycles(gm, state)
     for group in state.groups:
         _finish(group, state.group_of)
     return Partition(state.groups, state.group_of, state.eager, state.refusals)
@@ -215,6 +216,61 @@ class _State:
             seen.add(n)
             stack.extend(n.all_input_nodes)
         return False
+
+
+def _break_cycles(gm: fx.GraphModule, state: _State) -> None:
+    """Dissolve groups (their nodes run as ATen) until the groups and the nodes outside them form
+    an acyclic graph. Placement checks cycles node by node, but a group runs as one kernel: a node
+    joining group A may depend on group B through B's *other* members, and B on A the same way (in
+    Mixtral's backward, a softmax group and a routing-weight group each read what the other writes
+    through index_put). Rare; each dissolved group leaves a refusal with the reason."""
+    while True:
+        stuck = _cyclic_units(gm, state.group_of)
+        groups = [u for u in stuck if isinstance(u, Group)]
+        if not groups:
+            return
+        victim = min(groups, key=lambda g: (len(g.nodes), g.gid))
+        others = ", ".join(g.name for g in groups if g is not victim)
+        for n in victim.nodes:
+            del state.group_of[n]
+            state.eager[n] = f"its group {victim.name} would run in a cycle with {others} through ATen ops"
+        state.refusals.append((victim.nodes[0].name, f"group {victim.name} dissolved: it would depend on itself "
+                                                     f"through {others}"))
+        state.groups.remove(victim)
+        for i, g in enumerate(state.groups):
+            g.gid = i
+
+
+def _cyclic_units(gm: fx.GraphModule, group_of: dict) -> list:
+    """Units (a Group, or a node outside any group) on a cycle, or between two cycles: what remains
+    after peeling units without predecessors, then units without successors. Empty: acyclic."""
+    groups = {id(g): g for g in group_of.values()}  # Group is a dataclass (unhashable): keyed by id
+    unit = {n: (id(group_of[n]) if n in group_of else n) for n in gm.graph.nodes if n.op == "call_function"}
+    preds: dict = {u: set() for u in unit.values()}
+    succs: dict = {u: set() for u in unit.values()}
+    for n, u in unit.items():
+        for p in n.all_input_nodes:
+            pu = unit.get(p)
+            if pu is not None and pu is not u:
+                preds[u].add(pu)
+                succs[pu].add(u)
+    alive = set(preds)
+    for edges in (preds, succs):
+        counts = {u: len(edges[u]) for u in alive}
+        ready = [u for u in alive if counts[u] == 0]
+        other = succs if edges is preds else preds
+        while ready:
+            u = ready.pop()
+            alive.discard(u)
+            for v in other[u]:
+                if v in alive:
+                    counts[v] -= 1
+                    if counts[v] == 0:
+                        ready.append(v)
+        for u in list(alive):  # recount against the survivors for the second peel
+            preds[u] &= alive
+            succs[u] &= alive
+    return [groups.get(u, u) if isinstance(u, int) else u for u in alive]
 
 
 def _finish(group: Group, group_of: dict) -> None:

@@ -54,7 +54,8 @@ def log1p(x):
 
 @triton.jit
 def sign(x):
-    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, x * 0.0))  # x * 0 keeps NaN and the zero
+    # torch: (0 < x) - (x < 0), so sign(NaN) = 0 (not NaN) and sign(-0.0) = 0
+    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, 0.0)).to(x.dtype)
 
 
 @triton.jit

@@ -69,7 +69,7 @@ def kernel_module(source: str, name: str):
     if digest in _MODULES:
         return getattr(_MODULES[digest], name)
     path = os.path.join(cache_dir(), f"{name}_{digest}.py")
-    if not os.path.exists(path):
+    if not _cached_source_matches(path, source):
         os.makedirs(cache_dir(), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
@@ -80,6 +80,24 @@ def kernel_module(source: str, name: str):
     spec.loader.exec_module(module)
     _MODULES[digest] = module
     return getattr(module, name)
+
+
+def _cached_source_matches(path: str, source: str) -> bool:
+    """Whether the cache file holds exactly ``source``. A truncated or edited file is often still
+    valid Python (cut in a trailing comment, a missing last store) and would compute garbage with
+    no error, so a file that is not the source, byte for byte, is rewritten with a warning."""
+    try:
+        with open(path) as f:
+            cached = f.read()
+    except FileNotFoundError:
+        return False
+    except (OSError, UnicodeDecodeError):
+        cached = None
+    if cached == source:
+        return True
+    warnings.warn(f"kernelab: the cached kernel {path} does not match its source hash (truncated or "
+                  "modified): rebuilt", RuntimeWarning, stacklevel=3)
+    return False
 
 
 @functools.lru_cache(maxsize=1)
@@ -659,6 +677,9 @@ class GraphRunner:
     free_after: list  # per step: nodes whose last use it is
     placeholders: list
     output_args: object
+    #: get_attr nodes (tensor literals such as ``torch.tensor(2.0)``, lifted by dynamo as
+    #: ``_tensor_constant0``) with their values, fetched once: bound like inputs on every call
+    attrs: dict
     #: how many leading outputs the caller may see as views (aot_autograd's user outputs of a
     #: training forward; the rest are tensors saved for the backward, which it detaches anyway);
     #: None: all of them
@@ -669,8 +690,10 @@ class GraphRunner:
         runners = {id(g): GroupRunner(g, interpret) for g in part.groups}
         steps = _schedule(gm, part, runners)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        attrs = {n: _fetch_attr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
         output = next(n for n in gm.graph.nodes if n.op == "output")
-        return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0], visible_outputs)
+        return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0], attrs,
+                   visible_outputs)
 
     def __post_init__(self):
         self.source, self.straight = _straight_line(self)
@@ -679,6 +702,7 @@ class GraphRunner:
         if hooks is None and self.straight is not None:
             return self.straight(args)
         env = dict(zip(self.placeholders, args))
+        env.update(self.attrs)
         for step, dead in zip(self.steps, self.free_after):
             kind, item = step
             if kind == "group":
@@ -713,7 +737,17 @@ def _tracked_view(root, size, stride, offset):
 #: Inductor's ``reinterpret_tensor``: an alias of a tensor's storage with the given layout, made in
 #: C++ without the dispatcher (~2 us on the H200's host against ~4-6 us for a view op or
 #: ``as_strided``). It records no view relation, so only values the graph does not return use it.
-_UNTRACKED_VIEW = getattr(getattr(torch._C._dynamo, "guards", None), "_reinterpret_tensor", None) or _tracked_view
+_REINTERPRET = getattr(getattr(torch._C._dynamo, "guards", None), "_reinterpret_tensor", None)
+
+
+def _untracked_view(root, size, stride, offset):
+    """An alias of ``root``'s storage at the absolute storage ``offset``. ``_reinterpret_tensor``
+    takes the offset *relative to root's own* storage offset: passing the absolute one put a view
+    of a split (root at offset 1536) at 3072, past the storage's end (GPT-2's attention, issue 11)."""
+    return _REINTERPRET(root, size, stride, offset - root.storage_offset())
+
+
+_UNTRACKED_VIEW = _untracked_view if _REINTERPRET is not None else _tracked_view
 
 
 class _ViewChain:
@@ -828,7 +862,9 @@ def _straight_line(runner: "GraphRunner"):
             return repr(a)
         return bind("c", a)
 
-    defined = set(runner.placeholders)
+    defined = set(runner.placeholders) | set(runner.attrs)
+    for n, value in runner.attrs.items():
+        scope[names[n]] = value  # a global of the function: read, never assigned or deleted
     chains, elided = _view_chains(runner)
     statements = []  # (line, values it reads, values it defines)
     try:
@@ -847,7 +883,7 @@ def _straight_line(runner: "GraphRunner"):
                 continue
             elif item in chains:
                 root, chain = chains[item]
-                statements.append((f"    {names[item]} = {bind('f', chain)}({names[root]})", [root], [item]))
+                statements.append((f"    {names[item]} = {bind('f', chain)}({expr(root)})", [root], [item]))
                 defined.add(item)
             else:
                 args = [expr(a) for a in item.args] + [f"{k}={expr(v)}" for k, v in item.kwargs.items()]
@@ -863,7 +899,7 @@ def _straight_line(runner: "GraphRunner"):
     lines = ["def run(args):"]
     if runner.placeholders:
         lines.append("    " + ", ".join(names[p] for p in runner.placeholders) + ", = args")
-    keep = set(runner.placeholders) | set(_nodes_in(out))
+    keep = set(runner.placeholders) | set(runner.attrs) | set(_nodes_in(out))
     last = {}
     for i, (_, reads, defines) in enumerate(statements):
         for n in defines:
@@ -880,6 +916,14 @@ def _straight_line(runner: "GraphRunner"):
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kernelab runner {id(runner):x}>", "exec"), scope)  # noqa: S102 - our own text
     return source, scope["run"]
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str):
+    """The value of a get_attr node: ``a.b.c`` looked up on the graph module."""
+    value = gm
+    for atom in target.split("."):
+        value = getattr(value, atom)
+    return value
 
 
 def _schedule(gm, part, runners) -> list:
@@ -928,6 +972,6 @@ def _last_uses(steps, output, part) -> list:
                 last[p] = i
     frees = [[] for _ in steps]
     for n, i in last.items():
-        if n not in keep and n.op != "placeholder":
+        if n not in keep and n.op not in ("placeholder", "get_attr"):
             frees[i].append(n)
     return frees
