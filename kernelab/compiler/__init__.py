@@ -9,10 +9,13 @@ reason. Importing this module registers the backend name "kernelab" with dynamo 
 * :func:`explain` -- the plan of one call, printable with rich, ``.to_dict()``
 * :func:`plan_kernels` -- the kernels one call launches, predicted from the plan (no GPU needed)
 * :func:`plan_trace` -- the same kernels with the call's inputs and outputs, for traffic totals
+* :func:`events` / :func:`reset_events` -- kernels this process compiled and launched, and every
+  graph or group that ran as ATen instead, with the reason
 """
 from __future__ import annotations
 
-__all__ = ["compile", "explain", "plan_kernels", "plan_trace", "kernelab_backend", "register", "BACKEND_NAME"]
+__all__ = ["compile", "explain", "plan_kernels", "plan_trace", "kernelab_backend", "register", "BACKEND_NAME",
+           "events", "reset_events"]
 
 BACKEND_NAME = "kernelab"
 
@@ -22,6 +25,19 @@ def kernelab_backend(gm, example_inputs, **options):
     from .backend import kernelab_backend as _backend
 
     return _backend(gm, example_inputs, **options)
+
+
+def events():
+    """This process's record of generated kernels launched and fallbacks to ATen (see ``eventlog.py``)."""
+    from .eventlog import events as _events
+
+    return _events()
+
+
+def reset_events() -> None:
+    from .eventlog import reset_events as _reset
+
+    _reset()
 
 
 def register() -> None:

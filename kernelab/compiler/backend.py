@@ -187,6 +187,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
         part = graph.Partition([], {}, {n: "" for n in gm.graph.nodes}, [])
         runner = runtime.GraphRunner.build(gm, part, False)
         runnable, why = False, f"the compiler failed on this graph ({type(exc).__name__}: {exc}): it runs as ATen"
+        from .eventlog import record_fallback
+
+        record_fallback("graph", kind, why)
     graph_plan = plan.GraphPlan.build(kind, gm, part, time.perf_counter() - t0, None if runnable else why)
     if _debug() >= 1:  # 1: a line per graph; 2: a line per group, op left to ATen, refusal
         print(graph_plan.decisions() if _debug() >= 2 else graph_plan.summary(), file=sys.stderr)

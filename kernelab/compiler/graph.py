@@ -251,7 +251,7 @@ def _cyclic_units(gm: fx.GraphModule, group_of: dict) -> list:
     for n, u in unit.items():
         for p in n.all_input_nodes:
             pu = unit.get(p)
-            if pu is not None and pu is not u:
+            if pu is not None and pu != u:
                 preds[u].add(pu)
                 succs[pu].add(u)
     alive = set(preds)

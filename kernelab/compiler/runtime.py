@@ -28,6 +28,7 @@ import torch.fx as fx
 from ..launch import StaticLauncher, enabled as launch_enabled, hooked, specialization
 from ..report import debug_level
 from . import codegen, fusion, ops_table
+from .eventlog import record_fallback, record_launch
 
 __all__ = ["GraphRunner", "kernel_module", "cache_dir"]
 
@@ -352,6 +353,7 @@ class GroupRunner:
             try:
                 call.direct = self.first_launch(call, args, (*ins, *scalars))
                 call.launched = True
+                record_launch(self.group.name)
             except Exception as exc:
                 self.calls[key] = None
                 self.refuse(exc)
@@ -395,6 +397,7 @@ class GroupRunner:
 
         if strict():
             raise exc
+        record_fallback("group", self.group.name, f"{type(exc).__name__}: {exc}")
         warnings.warn(f"kernelab: {self.group.name} runs as ATen ops: its kernel failed to build or launch "
                       f"({type(exc).__name__}: {exc})", KernelabFallbackWarning, stacklevel=3)
 
