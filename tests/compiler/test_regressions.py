@@ -1,0 +1,170 @@
+"""Bugs found by people who tried the compiler on code we did not write (issue 11), each pinned by
+the smallest program that showed it, compared with eager forward and backward."""
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernelab.compiler as klc
+from tests.compiler.conftest import assert_close
+
+
+def _r(*shape, seed=0, grad=False):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).requires_grad_(grad)
+
+
+def literal_scale(x):
+    return x * torch.tensor(2.0)
+
+
+def zero_first_column(x):
+    y = x * 3
+    y[:, 0] = 0
+    return y + 1
+
+
+def zero_masked(x):
+    y = x * 2
+    y[x > 0.5] = 0
+    return y.sin()
+
+
+def cat_after_empty(x):
+    return torch.cat([torch.tensor([]), x.flatten()]) * 2
+
+
+def literal_bias(x):
+    return (x + torch.tensor([1.0, -2.0, 0.5])).relu()
+
+
+def split_views(x, w):
+    """GPT-2's attention input: one projection split in three, each viewed as heads. The views of
+    the 2nd and 3rd splits start inside the storage (offsets 1/3 and 2/3 of a row)."""
+    q, k, v = (x @ w).split(x.shape[-1], dim=-1)
+    heads = [t.view(2, 5, 2, 4).transpose(1, 2) for t in (q, k, v)]
+    return (heads[0] * heads[1]).sigmoid() + heads[2].tanh()
+
+
+PROGRAMS = {
+    "tensor literal": (literal_scale, lambda: (_r(2, 3, grad=True),)),
+    "x[:, 0] = 0": (zero_first_column, lambda: (_r(4, 5, grad=True),)),
+    "y[mask] = 0": (zero_masked, lambda: (_r(4, 5, grad=True),)),
+    "cat with torch.tensor([])": (cat_after_empty, lambda: (_r(3, 4, grad=True),)),
+    "literal vector": (literal_bias, lambda: (_r(4, 3, grad=True),)),
+    "split then views": (split_views, lambda: (_r(2, 5, 8, grad=True), _r(8, 24, seed=1, grad=True))),
+}
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_program_forward_and_backward(name):
+    fn, make = PROGRAMS[name]
+    args = make()
+    expected = fn(*args)
+    expected.sum().backward()
+    ref_grads = [a.grad.clone() for a in args if a.requires_grad]
+    for a in args:
+        a.grad = None
+    compiled = torch.compile(fn, backend="kernelab")
+    compiled(*args).sum().backward()  # the first call records layouts (views, launches) ...
+    for a in args:
+        a.grad = None
+    actual = compiled(*args)  # ... the second replays them
+    actual.sum().backward()
+    assert_close(actual, expected, what=f"{name} forward")
+    for a, g in zip([a for a in args if a.requires_grad], ref_grads):
+        assert_close(a.grad, g, what=f"{name} gradient")
+
+
+def test_literal_explained_without_running():
+    """Plan mode (no kernel runs) handles a tensor literal too: it used to fail with KeyError."""
+    plan = klc.explain(literal_scale, _r(2, 3))
+    assert plan.generated == 1
+
+
+def test_sdpa_gradients_on_cpu():
+    """The CPU flash-attention op was decomposed in the forward only: gradients 25-33x off."""
+    q, k, v = (_r(2, 4, 16, 16, seed=i, grad=True) for i in range(3))
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+    attention(q, k, v).backward()
+    expected = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    torch.compile(attention, backend="kernelab")(q, k, v).backward()
+    for t, g in zip((q, k, v), expected):
+        assert_close(t.grad, g, what="attention gradient")
+
+
+def test_sign_of_nan_is_zero():
+    x = torch.tensor([float("nan"), -3.0, -0.0, 0.0, 2.0])
+    actual = torch.compile(lambda x: torch.sign(x) + 1, backend="kernelab")(x)
+    assert torch.equal(actual, torch.sign(x) + 1)
+
+
+def test_truncated_cache_file_is_rebuilt(tmp_path, monkeypatch):
+    """A kernel file cut short is often still valid Python that computes garbage: it must be
+    noticed (it no longer matches its source hash), rewritten and used correctly."""
+    monkeypatch.setenv("KERNELAB_CACHE", str(tmp_path))
+    x = _r(64, 33)
+
+    def fn(x):
+        return (x.exp() * 3 - 1).softmax(-1)
+
+    expected = fn(x)
+    assert_close(torch.compile(fn, backend="kernelab")(x), expected, what="first compile")
+    kernel_dir = tmp_path / "compiler"
+    files = sorted(kernel_dir.glob("kl_fused_*.py"))
+    assert files, "no kernel written to the cache"
+    for f in files:  # keep only the head: the stores at the end are gone
+        text = f.read_text()
+        cut = text.rfind("tl.store")
+        f.write_text(text[:cut] + "# truncated\n")
+
+    import kernelab.compiler.runtime as runtime
+
+    monkeypatch.setattr(runtime, "_MODULES", {})  # what a new process sees: only the disk
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        actual = torch.compile(fn, backend="kernelab")(x)
+    assert_close(actual, expected, what="after truncation")
+    assert any("does not match its source hash" in str(w.message) for w in seen)
+    assert all(f.read_text().count("tl.store") >= 1 for f in files)
+
+
+def test_fallback_is_recorded_with_its_reason(monkeypatch):
+    """Without KERNELAB_STRICT a graph the compiler cannot plan runs as ATen, with one warning and
+    an event naming the reason; the values are eager's."""
+    import kernelab.compiler.graph as graph
+
+    def broken(gm):
+        raise RuntimeError("planted planner bug")
+
+    monkeypatch.delenv("KERNELAB_STRICT")
+    monkeypatch.setattr(graph, "partition", broken)
+    klc.reset_events()
+    x = _r(8, 8)
+    with pytest.warns(UserWarning, match="planted planner bug"):
+        actual = torch.compile(lambda x: x.sin() * 2, backend="kernelab")(x)
+    assert_close(actual, x.sin() * 2, what="fallback")
+    [(what, _, why)] = klc.events().fallbacks
+    assert what == "graph" and "planted planner bug" in why
+
+
+def test_strict_raises_instead_of_falling_back(monkeypatch):
+    import kernelab.compiler.graph as graph
+
+    def broken(gm):
+        raise RuntimeError("planted planner bug")
+
+    monkeypatch.setattr(graph, "partition", broken)
+    with pytest.raises(Exception, match="planted planner bug"):
+        torch.compile(lambda x: x.sin() * 2, backend="kernelab")(_r(8, 8))
+
+
+def test_env_is_strict_in_tests():
+    assert os.environ.get("KERNELAB_STRICT") == "1"
