@@ -26,6 +26,11 @@ _LAZY = {
 }
 
 
+def __dir__() -> list[str]:
+    """The public API (loaded lazily, so a plain dir() of the module would not list it)."""
+    return sorted(set(__all__) | {"__version__", "__doc__", "__name__", "__file__", "__path__"})
+
+
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'kernelab' has no attribute {name!r}")

@@ -1,8 +1,13 @@
 """count / compare: the kernels of a function in one or several modes, measured or predicted."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import difflib
+import logging
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,15 +16,11 @@ import torch
 from . import hardware
 from .capture import OpTrace, capture
 from .eager_rules import MEMOPS, Context, KernelSpec, lower_eager
-from .report import Kernel, Report, debug_level
+from .errors import KernelabError, TargetTimeout
+from .report import Kernel, Report, debug_level, render_text
 from .traffic import ideal_bytes, kernel_bytes, largest_array_bytes, round_trips
 
 MODES = ("eager", "inductor", "kernelab")
-
-
-class KernelabError(Exception):
-    """A problem the user can fix (bad input, unsupported request): shown as one line."""
-
 
 def _check_mode(mode: str) -> None:
     if mode not in MODES:
@@ -61,12 +62,15 @@ def _target_name(target) -> str:
 
 
 def count(target, *args, mode: str = "eager", predict: bool | None = None, profile: str | None = None,
-          name: str | None = None, **kwargs) -> Report:
+          name: str | None = None, timeout: float | None = None, **kwargs) -> Report:
     """Which kernels ``target(*args, **kwargs)`` launches in ``mode``, and what each moves.
 
     ``predict=None`` measures on a GPU and predicts without one; ``predict=True`` always predicts
     (from the named device ``profile``: h200, h100, a100). The target may be a function or an
-    ``nn.Module`` (its parameters and buffers count as inputs). CPU tensors stand for CUDA tensors.
+    ``nn.Module`` (its parameters and buffers count as inputs). CPU tensors stand for CUDA tensors;
+    meta tensors (``torch.device("meta")``) let a prediction take any size without allocating.
+    ``timeout`` (seconds, main thread only) raises :class:`~kernelab.errors.TargetTimeout` when
+    counting takes longer, e.g. for a target that never returns.
     """
     _check_mode(mode)
     if not callable(target):
@@ -76,12 +80,51 @@ def count(target, *args, mode: str = "eager", predict: bool | None = None, profi
         predict = not gpu_available()
     if not predict and not gpu_available():
         raise KernelabError("measuring needs a CUDA GPU and none is available; use predict=True")
-    if predict:
-        report = _predict_or_explain(target, args, kwargs, mode, _profile(profile), name)
-    else:
-        report = _measure(target, args, kwargs, mode, name)
+    with deadline(timeout, f"counting {name} in {mode} mode"):
+        if predict:
+            report = _predict_or_explain(target, args, kwargs, mode, _profile(profile), name)
+        else:
+            report = _measure(target, args, kwargs, mode, name)
     report.debug(debug_level(), sys.stderr)
     return report
+
+
+class _Expired(BaseException):
+    """Raised by the alarm: a BaseException, so the target's own ``except Exception`` cannot swallow it."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float | None, what: str):
+    """Raise TargetTimeout in this (main) thread when the block runs longer than ``seconds``.
+
+    The alarm interrupts Python code (a loop, a sleep, a lock wait) and repeats every second until
+    the block ends, in case the code it interrupts swallows it; whatever it turns into on its way
+    out (torch.compile wraps exceptions), the block ends with TargetTimeout. Elsewhere than the main
+    thread, or with ``seconds`` None or 0, it does nothing.
+    """
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+    expired = []
+    message = f"{what} did not finish within {seconds:g} s"
+
+    def alarm(signum, frame):
+        expired.append(True)
+        raise _Expired(message)
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    try:
+        yield
+    except BaseException as exc:
+        if expired and not isinstance(exc, TargetTimeout):
+            raise TargetTimeout(message) from None
+        raise
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    if expired:  # the alarm was swallowed and the block still finished: too late all the same
+        raise TargetTimeout(message)
 
 
 def _profile(name: str | None) -> hardware.DeviceProfile:
@@ -91,9 +134,13 @@ def _profile(name: str | None) -> hardware.DeviceProfile:
         raise KernelabError(str(exc)) from None
 
 
-def _traffic_fields(trace: OpTrace, specs: list[KernelSpec], ctx: Context, mode: str) -> dict:
-    """Round trips are the mode's own; the ideal traffic belongs to the function, so every mode
-    measures it on the same (eager) reading of the trace."""
+def _traffic_fields(trace: OpTrace, specs: list[KernelSpec], ctx: Context, mode: str, target, args, kwargs) -> dict:
+    """Round trips are the mode's own; the largest array and the ideal traffic belong to the
+    function, so every mode reads them off the same eager capture of it. kernelab's trace comes
+    from the compiler's graphs (decomposed, functionalized), so that mode captures the function
+    once more, with fake tensors (nothing runs)."""
+    if mode == "kernelab":
+        trace = capture(target, args, kwargs, fake=True)
     eager = specs if mode == "eager" else lower_eager(trace, ctx)
     return {"largest_array_bytes": largest_array_bytes(trace, eager), "ideal_bytes": ideal_bytes(trace, eager),
             "round_trips": round_trips(specs)}
@@ -131,10 +178,48 @@ def predicted_wall_us(mode: str, kernel_us: list[float], profile: hardware.Devic
 def _predict_or_explain(target, args, kwargs, mode, profile, name) -> Report:
     from .capture import DataDependentError
 
+    if mode == "kernelab":
+        target = _meta_module_for_meta_args(target, args, kwargs)
     try:
-        return _predict(target, args, kwargs, mode, profile, name)
+        with _quiet_fake_tensor_log():
+            return _predict(target, args, kwargs, mode, profile, name)
     except DataDependentError as exc:
         raise KernelabError(str(exc)) from exc
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log():
+    """FakeTensorMode logs a full traceback (ERROR level) for every op whose meta function raises,
+    before the error itself propagates: the user gets the error once, not a page of log first."""
+    if debug_level() >= 3:
+        yield
+        return
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    previous = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def _meta_module_for_meta_args(target, args, kwargs):
+    """With meta inputs (prediction at any size), a module's parameters must be meta too for the
+    compiler to trace it: a copy whose tensors are meta, made without copying their data."""
+    from torch.utils import _pytree as pytree
+
+    if not isinstance(target, torch.nn.Module):
+        return target
+    leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    tensors = list(target.parameters()) + list(target.buffers())
+    if not leaves or not all(t.is_meta for t in leaves) or all(t.is_meta for t in tensors):
+        return target
+    memo = {}
+    for p in target.parameters():
+        memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in target.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(target, memo)
 
 
 def _predict(target, args, kwargs, mode, profile, name) -> Report:
@@ -146,7 +231,7 @@ def _predict(target, args, kwargs, mode, profile, name) -> Report:
     return Report(mode, name, False, f"{profile.name} (profile: {profile.source})", kernels,
                   wall_time_us=predicted_wall_us(mode, times, profile),
                   notes=[f"predicted from the {profile.name} profile; nothing ran"],
-                  **_traffic_fields(trace, specs, Context(profile.arch), mode))
+                  **_traffic_fields(trace, specs, Context(profile.arch), mode, target, args, kwargs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +327,7 @@ def _measure(target, args, kwargs, mode, name) -> Report:
     kernels = [_measured_kernel(dk, spec, ceilings) for dk, spec in attribute(measured, specs, mode)]
     wall = time_call(lambda: fn(*prepared.args), prepared.reset_grads)
     notes = [f"measured on {gpu}, torch {torch.__version__}; ceilings: copy {ceilings.copy_bandwidth / 1e12:.2f} TB/s"]
-    return Report(mode, name, True, gpu, kernels, wall_time_us=wall, notes=notes, **_traffic_fields(trace, specs, ctx, mode))
+    return Report(mode, name, True, gpu, kernels, wall_time_us=wall, notes=notes, **_traffic_fields(trace, specs, ctx, mode, target, args, kwargs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,10 +352,18 @@ class Comparison:
             yield report.table()
         yield self.summary()
 
+    def __str__(self) -> str:
+        """Every mode's table and the summary line, as plain text (``print(comparison)``)."""
+        return render_text(self)
+
+    def __repr__(self) -> str:
+        return f"<Comparison {self.summary()}>"
+
 
 def compare(target, *args, modes=("eager", "inductor"), predict: bool | None = None, profile: str | None = None,
-            **kwargs) -> Comparison:
-    """The same function in several modes, side by side."""
+            timeout: float | None = None, **kwargs) -> Comparison:
+    """The same function in several modes, side by side (``timeout`` applies to each mode)."""
     if not modes:
         raise KernelabError("compare needs at least one mode")
-    return Comparison({m: count(target, *args, mode=m, predict=predict, profile=profile, **kwargs) for m in modes})
+    return Comparison({m: count(target, *args, mode=m, predict=predict, profile=profile, timeout=timeout, **kwargs)
+                       for m in modes})

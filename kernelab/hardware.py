@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -85,6 +86,24 @@ def cache_path(gpu: str, torch_version: str) -> Path:
     return root / f"ceilings-{slug}.json"
 
 
+def load_cached_ceilings(path: Path) -> Ceilings | None:
+    """The ceilings cached at ``path``; None when there is no file, or (with a warning) when it is
+    unreadable or corrupt (cut short, edited, an older format): the caller measures again."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        ceilings = Ceilings(**data)
+        if not isinstance(ceilings.copy_bandwidth, (int, float)) or ceilings.copy_bandwidth <= 0 \
+                or not isinstance(ceilings.matmul_flops, dict):
+            raise ValueError("copy_bandwidth must be a positive number and matmul_flops a mapping")
+        return ceilings
+    except (OSError, UnicodeDecodeError, ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+        warnings.warn(f"the cached ceilings file {path} is corrupt ({type(exc).__name__}: {exc}); measuring again "
+                      "and rewriting it", stacklevel=3)
+        return None
+
+
 def _bench_ms(fn) -> float:
     import triton.testing
 
@@ -127,8 +146,9 @@ def measure_ceilings(refresh: bool = False, progress=None) -> Ceilings:
         raise RuntimeError("measuring ceilings needs a CUDA GPU; none is available")
     gpu = torch.cuda.get_device_name()
     path = cache_path(gpu, torch.__version__)
-    if path.exists() and not refresh:
-        return Ceilings(**json.loads(path.read_text()))
+    cached = None if refresh else load_cached_ceilings(path)
+    if cached is not None:
+        return cached
     ceilings = Ceilings(gpu, torch.__version__, measure_copy_bandwidth(), {}, datetime.date.today().isoformat())
     for dtype_name in ("float32", "tfloat32", "bfloat16", "float16"):
         if progress:
@@ -147,6 +167,9 @@ def cached_or_copy_only() -> Ceilings:
 
     gpu = torch.cuda.get_device_name()
     path = cache_path(gpu, torch.__version__)
-    if path.exists():
-        return Ceilings(**json.loads(path.read_text()))
+    cached = load_cached_ceilings(path)
+    if cached is not None:
+        return cached
+    if path.exists():  # corrupt (warned): rebuild it in full, as `kernelab ceilings --refresh` would
+        return measure_ceilings(refresh=True)
     return Ceilings(gpu, torch.__version__, measure_copy_bandwidth(1 << 30), {}, datetime.date.today().isoformat())

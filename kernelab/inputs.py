@@ -14,12 +14,18 @@ fair coin flips; all from a seeded generator, so two runs see the same data.
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import math
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .errors import SpecError
+
+__all__ = ["InputSpec", "SpecError", "parse_spec", "make_inputs", "load_target"]
 
 DTYPES = {
     "f32": torch.float32, "float32": torch.float32, "float": torch.float32,
@@ -32,8 +38,8 @@ DTYPES = {
 _RANGE = re.compile(r"^(?P<dtype>[a-z0-9]+)\[(?P<low>-?\d+),(?P<high>-?\d+)\):(?P<dims>.+)$")
 
 
-class SpecError(ValueError):
-    """A malformed input spec or target reference."""
+# A tensor's element count and byte size must fit PyTorch's 64-bit sizes.
+MAX_NUMEL = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -49,14 +55,20 @@ class InputSpec:
             raise SpecError("an input uses 'n' but no size was given (only sweep sets n)")
         return tuple(n if d == "n" else d for d in self.dims)
 
-    def make(self, generator: torch.Generator, n: int | None = None) -> torch.Tensor:
+    def make(self, generator: torch.Generator | None, n: int | None = None, device=None) -> torch.Tensor:
+        """The tensor, drawn from ``generator`` on ``device`` (the generator's device); on the meta
+        device only its shape and dtype exist, so prediction allocates nothing whatever the size."""
         shape = self.shape(n)
-        if self.dtype == torch.bool:
-            t = torch.rand(shape, generator=generator) < 0.5
+        _check_size(shape, self.dtype)
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        if device.type == "meta":
+            t = torch.empty(shape, dtype=self.dtype, device="meta")
+        elif self.dtype == torch.bool:
+            t = torch.rand(shape, generator=generator, device=device) < 0.5
         elif self.dtype.is_floating_point:
-            t = torch.randn(shape, generator=generator).to(self.dtype)
+            t = torch.randn(shape, generator=generator, device=device).to(self.dtype)
         else:
-            t = torch.randint(self.low, self.high, shape, generator=generator, dtype=self.dtype)
+            t = torch.randint(self.low, self.high, shape, generator=generator, dtype=self.dtype, device=device)
         return t.requires_grad_(self.requires_grad)
 
 
@@ -68,9 +80,22 @@ def _dim(token: str, spec: str) -> int | str:
         value = float(token) if re.fullmatch(r"\d+(\.\d+)?e\d+", token) else int(token)
     except ValueError:
         raise SpecError(f"bad dimension {token!r} in input spec {spec!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(f"dimension {token!r} in input spec {spec!r} is too large")
     if value != int(value) or value < 0:
         raise SpecError(f"dimension {token!r} in input spec {spec!r} is not a non-negative integer")
+    if int(value) > MAX_NUMEL:
+        raise SpecError(f"dimension {token!r} in input spec {spec!r} is too large (at most 2^63 - 1)")
     return int(value)
+
+
+def _check_size(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    numel = math.prod(shape)
+    itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
+    if numel * itemsize > MAX_NUMEL:
+        dims = "x".join(map(str, shape))
+        raise SpecError(f"input {dims} of {str(dtype).removeprefix('torch.')} would be {numel * itemsize:.3g} bytes: "
+                        "more than a 64-bit size can address")
 
 
 def _dtype(name: str, spec: str) -> torch.dtype:
@@ -108,9 +133,15 @@ def parse_spec(spec: str) -> InputSpec:
     return InputSpec(dims, dtype, requires_grad=grad)
 
 
-def make_inputs(specs: list[InputSpec], n: int | None = None, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    generator = torch.Generator().manual_seed(seed)
-    return tuple(s.make(generator, n) for s in specs)
+def make_inputs(specs: list[InputSpec], n: int | None = None, seed: int = 0, device=None) -> tuple[torch.Tensor, ...]:
+    """One tensor per spec: seeded random values, or shapes only on the meta device.
+
+    ``device=None`` builds on the current default device (``with torch.device("meta"):`` is how
+    sweep predicts at any size); values are drawn on that device, so nothing is built twice.
+    """
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    generator = None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
+    return tuple(s.make(generator, n, device=device) for s in specs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +170,30 @@ def load_target(ref: str):
         raise SpecError(f"{path} has no function or module named {attr!r}")
     target = getattr(module, attr)
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
-        target = target()
+        target = _instantiate(target, attr, path)
     if not callable(target):
         raise SpecError(f"{ref} is a {type(target).__name__}, not a function or nn.Module")
     return target, module
+
+
+def _instantiate(cls: type, attr: str, path: Path):
+    """An nn.Module class named as a target is built with no arguments."""
+    try:
+        inspect.signature(cls).bind()
+    except TypeError:
+        raise SpecError(f"{attr} is an nn.Module class whose __init__ needs arguments ({_signature(cls)}); point "
+                        f"the target at an instance or a function that builds one, e.g. model = {attr}(...) in "
+                        f"{path.name} and {path.name}:model") from None
+    except ValueError:
+        pass  # no signature to check: try it
+    try:
+        return cls()
+    except Exception as exc:
+        raise SpecError(f"building {attr}() raised {type(exc).__name__}: {exc}") from exc
+
+
+def _signature(cls: type) -> str:
+    try:
+        return f"{cls.__name__}{inspect.signature(cls)}"
+    except (TypeError, ValueError):
+        return cls.__name__

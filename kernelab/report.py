@@ -14,8 +14,11 @@ always counted from the op trace (compulsory traffic), never read from hardware 
 """
 from __future__ import annotations
 
+import functools
+import io
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 
 SCHEMA_VERSION = 1
@@ -65,17 +68,31 @@ class Kernel:
             return None
         return self.flops / (self.time_us * 1e-6) / 1e12
 
+    def _shares(self) -> dict[str, float]:
+        """Utilization of each ceiling this kernel has: {"memory": bytes/s over the copy
+        bandwidth, "compute": FLOP/s over the matmul rate}."""
+        if not self.time_us:
+            return {}
+        shares = {}
+        if self.ceiling_bytes_per_s:
+            shares["memory"] = self.bytes / (self.time_us * 1e-6) / self.ceiling_bytes_per_s
+        if self.ceiling_flops and self.flops:
+            shares["compute"] = self.flops / (self.time_us * 1e-6) / self.ceiling_flops
+        return shares
+
+    @property
+    def bound(self) -> str | None:
+        """Which ceiling ``pct_of_ceiling`` is a share of: "memory" (copy bandwidth) or "compute"
+        (the matmul rate), whichever the kernel is closer to."""
+        shares = self._shares()
+        return max(shares, key=shares.get) if shares else None
+
     @property
     def pct_of_ceiling(self) -> float | None:
-        """The larger of bandwidth and compute utilization: how close to the limit that binds."""
-        if not self.time_us:
-            return None
-        shares = []
-        if self.ceiling_bytes_per_s:
-            shares.append(self.bytes / (self.time_us * 1e-6) / self.ceiling_bytes_per_s)
-        if self.ceiling_flops and self.flops:
-            shares.append(self.flops / (self.time_us * 1e-6) / self.ceiling_flops)
-        return 100.0 * max(shares) if shares else None
+        """The larger of bandwidth and compute utilization: how close to the limit that binds
+        (``bound`` says which)."""
+        shares = self._shares()
+        return 100.0 * max(shares.values()) if shares else None
 
     def line(self) -> str:
         """The per-kernel line of KERNELAB_DEBUG=2 (same fields as a table row)."""
@@ -89,7 +106,7 @@ class Kernel:
             "name": self.name, "category": self.category, "kind": self.kind, "ops": self.ops,
             "launches": self.launches, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
             "flops": self.flops, "time_us": self.time_us, "gbps": self.gbps, "tflops": self.tflops,
-            "pct_of_ceiling": self.pct_of_ceiling, "measured": self.measured,
+            "pct_of_ceiling": self.pct_of_ceiling, "bound": self.bound, "measured": self.measured,
             "confidence": self.confidence, "reason": self.reason,
         }
 
@@ -187,19 +204,38 @@ class Report:
         }
 
     def table(self):
-        """A rich Table, one row per kernel."""
-        from rich.table import Table
+        """A rich Table, one row per kernel; ``print(r.table())`` and ``str()`` give plain text.
 
+        Kernel names and ops are never cut: a long name folds onto the next line. "% ceiling" is a
+        share of the ceiling that binds: "mem" (copy bandwidth) or "math" (matmul rate).
+        """
         how = "measured" if self.measured else "predicted"
-        table = Table(title=f"{self.target} — {self.mode} — {self.device} ({how})", title_justify="left")
+        title = f"{self.target} — {self.mode} — {self.device} ({how})"
+        table = _text_table_class()(title=title, title_justify="left", caption_justify="left", pad_edge=False,
+                                    min_width=min(len(title), 100))
+        numeric = ("#", "read", "written", "time", "GB/s", "% ceiling")
         for column in ("#", "kernel", "category", "ops", "read", "written", "time", "GB/s", "% ceiling"):
-            table.add_column(column, justify="right" if column in ("#", "read", "written", "time", "GB/s", "% ceiling") else "left")
+            wide = column in ("kernel", "ops")  # these fold onto a next line; the others never shrink
+            table.add_column(column, justify="right" if column in numeric else "left", no_wrap=not wide,
+                             overflow="fold")
         for i, k in enumerate(self.kernels):
             name = short_kernel_name(k.name) + ("" if k.confidence == "high" else " [dim](?)[/dim]")
-            table.add_row(str(i), name, k.category, _clip(",".join(k.ops), 28), fmt_bytes(k.bytes_read),
-                          fmt_bytes(k.bytes_written), _fmt_time(k.time_us), _fmt_num(k.gbps), _fmt_num(k.pct_of_ceiling))
-        table.caption = self.summary() + f"; fused ideal {self.ideal_transfers:.3g} transfers"
+            table.add_row(str(i), name, k.category, ", ".join(k.ops), fmt_bytes(k.bytes_read),
+                          fmt_bytes(k.bytes_written), _fmt_time(k.time_us), _fmt_num(k.gbps), _fmt_pct(k))
+        table.caption = self.summary() + f"; fused ideal {self.ideal_transfers:.3g} transfers" + self._time_split()
         return table
+
+    def _time_split(self) -> str:
+        """Host and GPU time apart: a call costs the longer of the two, so a few-µs kernel under a
+        compiled wrapper's ~20 µs is host time, not GPU time."""
+        gpu, call = self.kernel_time_us, self.wall_time_us
+        if gpu is None or call is None or call <= 0:
+            return ""
+        how = "measured" if self.measured else "predicted"
+        text = f"; GPU busy {_fmt_time(gpu)} of a {_fmt_time(call)} call ({how})"
+        if gpu < 0.5 * call:
+            text += ": the rest is host time (launches, Python, guards)"
+        return text
 
     def debug(self, level: int, stream) -> None:
         """KERNELAB_DEBUG: 1 the summary line, 2 also a line per kernel."""
@@ -212,11 +248,42 @@ class Report:
     def __rich__(self):
         return self.table()
 
+    def __str__(self) -> str:
+        """The table as plain text (``print(report)``)."""
+        return render_text(self.table())
+
     def __repr__(self) -> str:
         return f"<Report {self.summary()}>"
 
 
-def short_kernel_name(name: str, limit: int = 48) -> str:
+def render_text(renderable, width: int | None = None) -> str:
+    """Anything rich can print, as plain text at least 100 columns wide (the terminal's width
+    when wider): what ``print()`` and ``str()`` show for tables."""
+    from rich.console import Console
+
+    width = width or max(100, shutil.get_terminal_size((100, 24)).columns)
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False,
+            emoji=False).print(renderable)
+    return buffer.getvalue().rstrip("\n")
+
+
+@functools.lru_cache(maxsize=None)
+def _text_table_class():
+    """rich's Table with a plain-text ``str()`` (made on first use: rich is imported lazily)."""
+    from rich.table import Table
+
+    class TextTable(Table):
+        def __str__(self) -> str:
+            return render_text(self)
+
+        def __repr__(self) -> str:
+            return f"<table {self.title!r}: {self.row_count} rows>"
+
+    return TextTable
+
+
+def short_kernel_name(name: str, limit: int | None = None) -> str:
     """A demangled CUDA kernel name made readable: no return type, arguments or namespaces, and
     of the template arguments only the functor that says what the kernel computes."""
     text = name[5:] if name.startswith("void ") else name
@@ -233,7 +300,8 @@ def short_kernel_name(name: str, limit: int = 48) -> str:
     base = base.split("::")[-1]
     functor = re.search(r"(\w*(?:Functor|Op|Ops|_kernel|_impl)\w*)", args)
     label = f"{base}<{functor.group(1)}>" if functor else base
-    return _clip((label or name).strip(), limit)
+    label = (label or name).strip()
+    return _clip(label, limit) if limit else label
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -255,6 +323,13 @@ def _fmt_num(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _fmt_pct(k: Kernel) -> str:
+    pct = k.pct_of_ceiling
+    if pct is None:
+        return "-"
+    return f"{_fmt_num(pct)} {'math' if k.bound == 'compute' else 'mem'}"
 
 
 def _clip(s: str, n: int) -> str:

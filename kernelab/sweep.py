@@ -105,6 +105,15 @@ class SweepResult:
         table.caption = self.crossover_line()
         return table
 
+    def _crossovers(self) -> dict[int, list[str]]:
+        """Crossover size -> the compiled modes that start to pay there."""
+        by_size: dict[int, list[str]] = {}
+        for mode in self.modes:
+            size = self.crossover(mode) if mode != "eager" else None
+            if size:
+                by_size.setdefault(size, []).append(mode)
+        return by_size
+
     def to_rows(self) -> list[dict]:
         return [{"target": self.target, "n": p.size, "mode": p.mode, "time_us": p.time_us,
                  "kernels": p.report.num_kernels, "memops": p.report.num_memops,
@@ -119,18 +128,18 @@ class SweepResult:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for mode in self.modes:
+        for i, mode in enumerate(self.modes):
             pts = [(p.size, p.time_us) for p in self.points if p.mode == mode and p.time_us]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=mode)
+            if pts:  # lines that coincide (two compiled modes) stay visible: the later, thinner and dashed, on top
+                style = _LINE_STYLES[i % len(_LINE_STYLES)]
+                ax.plot(*zip(*pts), label=mode, zorder=2 + i, **style)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        for mode in self.modes:
-            size = self.crossover(mode) if mode != "eager" else None
-            if size:
-                ax.axvline(size, linestyle=":", color="gray")
-                ax.text(size, 0.5, f" {mode} pays from n = {size:.0e}", rotation=90, va="center", ha="right",
-                        fontsize=8, color="gray", transform=ax.get_xaxis_transform())
+        for size, modes in self._crossovers().items():  # one line and one label per size
+            ax.axvline(size, linestyle=":", color="gray")
+            ax.text(size, 0.5, f" {' and '.join(modes)} {'pay' if len(modes) > 1 else 'pays'} from n = {size:.0e}",
+                    rotation=90, va="center", ha="right", fontsize=8, color="dimgray", transform=ax.get_xaxis_transform(),
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.5}, zorder=10)
         ax.set_xlabel("n (elements)")
         ax.set_ylabel("time per call (µs)")
         ax.set_title(f"{self.target}: {'measured' if self.measured else 'predicted'} on {self.device}")
@@ -142,9 +151,21 @@ class SweepResult:
         return path
 
 
+# One style per mode, in order: the later lines are thinner, dashed and with hollow markers, so a
+# line drawn exactly over another (Inductor and kernelab often predict the same time) still shows.
+_LINE_STYLES = (
+    {"marker": "o", "linewidth": 3.0, "markersize": 7, "linestyle": "-"},
+    {"marker": "s", "linewidth": 2.2, "markersize": 8, "linestyle": "-", "markerfacecolor": "none"},
+    {"marker": "^", "linewidth": 1.4, "markersize": 5, "linestyle": "--"},
+    {"marker": "x", "linewidth": 1.0, "markersize": 6, "linestyle": ":"},
+)
+
+
 def sweep(target, make_args: Callable[[int], tuple], sizes, modes=("eager", "inductor"), predict: bool | None = None,
-          profile: str | None = None, progress: bool = True, name: str | None = None) -> SweepResult:
-    """Run ``count`` at every size in every mode; ``make_args(n)`` builds the inputs of size n."""
+          profile: str | None = None, progress: bool = True, name: str | None = None,
+          timeout: float | None = None) -> SweepResult:
+    """Run ``count`` at every size in every mode; ``make_args(n)`` builds the inputs of size n.
+    ``timeout`` (seconds) applies to each count, as in :func:`kernelab.count`."""
     if predict is None:
         predict = not gpu_available()
     sizes = sorted(set(int(s) for s in sizes))
@@ -157,7 +178,7 @@ def sweep(target, make_args: Callable[[int], tuple], sizes, modes=("eager", "ind
         for size in sizes:
             args = _args_for(make_args, size, predict)
             for mode in modes:
-                report = count(target, *args, mode=mode, predict=predict, profile=profile, name=name)
+                report = count(target, *args, mode=mode, predict=predict, profile=profile, name=name, timeout=timeout)
                 result.points.append(SweepPoint(size, mode, report))
                 advance(f"{mode} n={size:.0e}")
             del args
@@ -169,7 +190,7 @@ def _args_for(make_args, size: int, predict: bool) -> tuple:
     when measuring (a 1e9-element input is not built on the host first)."""
     with torch.device("meta" if predict else "cuda"):
         args = make_args(size)
-    return args if isinstance(args, tuple) else (args,)
+    return tuple(args) if isinstance(args, (tuple, list)) else (args,)
 
 
 @contextlib.contextmanager

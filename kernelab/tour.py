@@ -26,7 +26,7 @@ def _tour_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def run_tour(args, console) -> int:
     from rich.panel import Panel
 
-    from .cli import UserError, _modes, _predict_flag, _run_counts, _run_sweep, _write_json
+    from .cli import UserError, _modes, _predict_flag, _run_counts, _run_sweep, _write_json, save_plot
 
     measured = torch.cuda.is_available() and not args.predict
     where = torch.cuda.get_device_name() if measured else f"the {args.profile} profile (no GPU here: predicted)"
@@ -42,7 +42,7 @@ def run_tour(args, console) -> int:
     console.print(f"\n[bold]Sweep[/bold] n = {args.sizes}: where does fusion start to pay?")
     result = _run_sweep(add_relu, _tour_inputs, args, "add_relu")
     console.print(result.table())
-    console.print(f"plot: {result.plot(args.out)}")
+    console.print(f"plot: {save_plot(result, args.out)}")
     if args.json:
         _write_json(args.json, {"schema_version": 1, "count": comparison.to_dict(), "sweep": result.to_rows()})
     if "eager" in _modes(args) and eager is None:

@@ -128,4 +128,255 @@ def test_count_kernelab_mode_from_the_command_line(target_file, capsys):
 def test_bench_without_a_gpu_is_refused_through_the_main_command(capsys):
     """`kernelab bench` is registered by kernelab.bench; the main command dispatches to it."""
     assert main(["bench", "softmax", "--shapes", "16x4096"]) == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("kernelab: error: ") and "needs a CUDA GPU" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "sofmax"], "unknown op sofmax; known: softmax"),
+    (["bench", "softmax,nope,zzz"], "unknown ops nope, zzz"),
+    (["bench", "softmax", "--providers", "kernelab", "triton"], "unknown provider triton"),
+])
+def test_bench_checks_the_request_before_the_gpu(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kernelab: error: ") and message in err and len(err.splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input (issue 13, part 5): one line `kernelab: error: ...`, exit code 2, no traceback.
+
+BAD_TARGETS = """
+import sys
+import time
+import torch
+
+def add_relu(a, b):
+    return (a + b).relu()
+
+def exits(a):
+    sys.exit(7)
+
+def hangs(a):
+    while True:
+        try:
+            time.sleep(0.05)
+        except Exception:  # swallows whatever interrupts it: the timeout must still win
+            pass
+
+class NeedsArgs(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.linear(x)
+"""
+
+STRING_INPUTS = """
+def f(a):
+    return a + 1
+
+def example_inputs():
+    return "not a tensor"
+"""
+
+
+@pytest.fixture
+def bad_file(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text(BAD_TARGETS)
+    (tmp_path / "strings.py").write_text(STRING_INPUTS)
+    return path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["count", "{f}:add_relu", "--input", "nxn", "--predict"], "'n' is the size that sweep varies"),
+    (["count", "{f}:add_relu", "--input", "1e400", "--predict"], "dimension '1e400' in input spec '1e400' is too large"),
+    (["count", "{f}:add_relu", "--input", "99999999999999999999999", "--predict"], "is too large (at most 2^63 - 1)"),
+    (["count", "{f}:add_relu", "--input", "4294967296x4294967296", "--predict"], "more than a 64-bit size can address"),
+    (["count", "{f}:NeedsArgs", "--input", "4x4", "--predict"],
+     "NeedsArgs is an nn.Module class whose __init__ needs arguments (NeedsArgs(width))"),
+    (["count", "{f}:exits", "--input", "4", "--predict"], "the target raised SystemExit(7)"),
+    (["count", "{d}/strings.py:f", "--predict"], "example_inputs() returned a str ('not a tensor')"),
+    (["count", "{f}:add_relu", "--input", "4", "--input", "4", "--predict", "--json", "/proc/x.json"],
+     "cannot write --json /proc/x.json"),
+    (["sweep", "{f}:add_relu", "--sizes", "1e2:1e3", "--predict", "--out", "/proc/x.png"], "cannot write --out /proc/x.png"),
+    (["sweep", "{f}:add_relu", "--sizes", "1e2:1e3", "--predict", "--out", "{d}"], "must end in .png or .svg"),
+])
+def test_bad_invocations_are_one_line_and_exit_code_2(bad_file, capsys, argv, message):
+    argv = [a.replace("{f}", str(bad_file)).replace("{d}", str(bad_file.parent)) for a in argv]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("kernelab: error: ") and message in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert captured.out == ""  # refused before any table is printed
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "inf"])
+def test_a_bad_timeout_is_refused_by_the_parser(capsys, value):
+    with pytest.raises(SystemExit) as info:
+        main(["count", "x.py:f", "--timeout", value])
+    assert info.value.code == 2
+    assert "argument --timeout" in capsys.readouterr().err
+
+
+def test_predicting_allocates_nothing_whatever_the_size(target_file, tmp_path, capsys):
+    """1e11 float32 elements (400 GB an input) are predicted from meta tensors, never built."""
+    out = tmp_path / "big.json"
+    assert main(["count", f"{target_file}:add_relu", "--input", "100000000000", "--input", "100000000000",
+                 "--mode", "eager", "--mode", "inductor", "--predict", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["inductor"]["totals"]["bytes"] == 3 * 4 * 10**11
+    assert data["eager"]["totals"]["transfers"] == 5.0
+    assert capsys.readouterr().err == ""
+
+
+def test_inputs_are_meta_tensors_when_predicting(target_file):
+    from kernelab.cli import _count_inputs, build_parser
+
+    args = build_parser().parse_args(["count", f"{target_file}:add_relu", "--input", "10x3:bf16", "--predict"])
+    (x,) = _count_inputs(args, None)
+    assert x.is_meta and x.shape == (10, 3) and x.dtype == torch.bfloat16
+    args = build_parser().parse_args(["count", f"{target_file}:add_relu", "--predict"])
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prog_for_meta", target_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    a, b = _count_inputs(args, module)  # example_inputs() is called on the meta device, like sweep_inputs(n)
+    assert a.is_meta and b.is_meta and a.shape == (1000,)
+
+
+def test_a_target_that_never_returns_times_out(bad_file, capsys):
+    assert main(["count", f"{bad_file}:hangs", "--input", "4", "--predict", "--timeout", "0.5", "--mode", "eager"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("kernelab: error: counting hangs in eager mode did not finish within 0.5 s; "
+                   "if it needs longer, raise --timeout (0: no limit)")
+
+
+def test_timeout_defaults_differ_for_measuring_and_predicting(target_file):
+    from kernelab.cli import TIMEOUT_MEASURE_S, TIMEOUT_PREDICT_S, _timeout, build_parser
+
+    parse = build_parser().parse_args
+    assert _timeout(parse(["count", "x.py:f", "--predict"])) == TIMEOUT_PREDICT_S
+    assert _timeout(parse(["count", "x.py:f", "--predict", "--timeout", "0"])) is None
+    assert _timeout(parse(["sweep", "x.py:f", "--predict", "--timeout", "12.5"])) == 12.5
+    if not torch.cuda.is_available():
+        assert _timeout(parse(["count", "x.py:f"])) == TIMEOUT_PREDICT_S  # no GPU: it predicts
+    assert TIMEOUT_MEASURE_S > 0
+
+
+def test_a_broadcast_mismatch_is_one_line_without_fake_tensor_logs(target_file, capsys, caplog):
+    assert main(["count", f"{target_file}:add_relu", "--input", "10", "--input", "11", "--predict",
+                 "--mode", "eager", "--mode", "inductor"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kernelab: error: the target raised RuntimeError: Attempting to broadcast a dimension")
+    assert len(err.strip().splitlines()) == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # FakeTensorMode's traceback log is silenced
+
+
+def test_a_broadcast_mismatch_under_torch_compile_is_still_the_targets(target_file, capsys):
+    """In kernelab mode torch.compile wraps the user's error (TorchRuntimeError): it is still reported as
+    the target's, with the original message."""
+    assert main(["count", f"{target_file}:add_relu", "--input", "10", "--input", "11", "--predict",
+                 "--mode", "kernelab"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kernelab: error: the target raised RuntimeError: ")  # the user's error, not a wrapper's
+    assert any(words in err for words in ("broadcast", "must match")) and len(err.splitlines()) == 1
+
+
+def test_sweep_plot_that_cannot_be_saved_is_an_error_not_a_traceback(target_file, tmp_path, capsys, monkeypatch):
+    from kernelab.sweep import SweepResult
+
+    def refuse(self, path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(SweepResult, "plot", refuse)
+    assert main(["sweep", f"{target_file}:add_relu", "--sizes", "1e2:1e3", "--predict",
+                 "--out", str(tmp_path / "s.png")]) == 2
+    assert capsys.readouterr().err.strip().startswith("kernelab: error: cannot write the plot")
+
+
+# ---------------------------------------------------------------------------------------------
+# Internal errors are never the target's (issue 11)
+
+
+def _kernelab_bug(*_args, **_kwargs):
+    """A fault raised inside kernelab's own code: kernelab.report.fmt_bytes cannot format a string."""
+    from kernelab.report import fmt_bytes
+
+    return fmt_bytes("not a number")
+
+
+def test_an_internal_error_is_reported_as_kernelab_s_not_the_target_s(target_file, capsys, monkeypatch):
+    import kernelab.api
+
+    monkeypatch.setattr(kernelab.api, "lower_eager", _kernelab_bug)
+    assert main(["count", f"{target_file}:add_relu", "--input", "10", "--input", "10", "--predict",
+                 "--mode", "eager"]) == 70
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kernelab: internal error: TypeError:") and "(at kernelab/report.py:" in err
+    assert err.endswith("(please report; --debug shows the traceback)")
+    assert "the target raised" not in err and len(err.splitlines()) == 1
+
+
+def test_an_internal_error_inside_torch_compile_is_kernelab_s(target_file, capsys, monkeypatch):
+    """A fault in kernelab's torch.compile backend reaches the CLI wrapped by dynamo (BackendCompilerFailed):
+    still an internal error, never the target raising."""
+    import kernelab.compiler.backend as backend
+
+    if not hasattr(backend, "compile_graph"):
+        pytest.skip("the compiler's backend no longer has compile_graph")
+    monkeypatch.setenv("KERNELAB_STRICT", "1")
+    monkeypatch.setattr(backend, "compile_graph", _kernelab_bug)
+    code = main(["count", f"{target_file}:add_relu", "--input", "10", "--input", "10", "--predict", "--mode", "kernelab"])
+    err = capsys.readouterr().err.strip()
+    assert code == 70, err
+    assert err.startswith("kernelab: internal error: ") and "the target raised" not in err
+
+
+def test_the_target_raising_is_still_the_target_s(target_file, capsys):
+    assert main(["count", f"{target_file}:boom", "--input", "4", "--predict", "--mode", "kernelab"]) == 2
+    assert capsys.readouterr().err.strip() == "kernelab: error: the target raised ValueError: bad shapes in user code"
+
+
+# ---------------------------------------------------------------------------------------------
+# What a newcomer tripped on (issue 13, part 4)
+
+
+def test_version_flag(capsys):
+    from kernelab import __version__
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"kernelab {__version__} (torch {torch.__version__.split('+')[0]}")
+
+
+def test_dir_of_the_package_lists_the_public_api():
+    import kernelab
+
+    names = dir(kernelab)
+    assert {"count", "compare", "sweep", "explain", "compile", "Report", "ops", "__version__"} <= set(names)
+    assert "importlib" not in names and "_LAZY" not in names
+
+
+def test_a_corrupt_ceilings_cache_warns_in_one_line(monkeypatch, capsys, tmp_path):
+    """The CLI shows warnings as `kernelab: warning: ...` (the cache itself is tested in test_hardware)."""
+    import warnings
+
+    import kernelab.cli as cli
+
+    def warn_and_fail(args):
+        warnings.warn("the cached ceilings file x.json is corrupt")
+        raise cli.UserError("stop here")
+
+    monkeypatch.setitem(cli.COMMANDS, "ceilings", warn_and_fail)
+    assert main(["ceilings"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["kernelab: warning: the cached ceilings file x.json is corrupt", "kernelab: error: stop here"]

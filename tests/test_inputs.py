@@ -60,3 +60,53 @@ def test_load_target(tmp_path):
                      (f"{f}", "should look like"), (f"{f}:value", "not a function")]:
         with pytest.raises(SpecError, match=msg):
             load_target(ref)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("1e400", "is too large"),
+    ("99999999999999999999999", "at most 2^63 - 1"),
+    ("1e19x2", "at most 2^63 - 1"),
+])
+def test_dimensions_beyond_64_bits_are_refused(bad, message):
+    with pytest.raises(SpecError, match=message.replace("^", r"\^")):
+        parse_spec(bad)
+
+
+def test_a_tensor_larger_than_64_bit_sizes_is_refused_when_made():
+    spec = parse_spec("4294967296x4294967296:f32")  # each dimension fits, 2^64 elements do not
+    with pytest.raises(SpecError, match="more than a 64-bit size can address"):
+        make_inputs([spec], device="meta")
+
+
+def test_meta_inputs_have_shapes_and_dtypes_only():
+    a, b, c = make_inputs([parse_spec("100000000000"), parse_spec("int64[0,10):7x3"), parse_spec("4x4:f16:grad")],
+                          device="meta")
+    assert a.is_meta and a.shape == (10**11,) and a.dtype == torch.float32
+    assert b.is_meta and b.dtype == torch.int64 and b.shape == (7, 3)
+    assert c.is_meta and c.requires_grad and c.dtype == torch.float16
+    with torch.device("meta"):  # sweep's way: the default device decides
+        (d,) = make_inputs([parse_spec("n")], 10**12)
+    assert d.is_meta and d.shape == (10**12,)
+
+
+def test_a_module_class_that_needs_arguments_is_refused_with_a_hint(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import torch\n"
+                    "class Block(torch.nn.Module):\n"
+                    "    def __init__(self, width, depth=2):\n"
+                    "        super().__init__()\n"
+                    "        self.linear = torch.nn.Linear(width, width)\n"
+                    "class Broken(torch.nn.Module):\n"
+                    "    def __init__(self):\n"
+                    "        raise RuntimeError('no weights here')\n"
+                    "class Fine(torch.nn.Module):\n"
+                    "    def forward(self, x):\n"
+                    "        return x\n")
+    with pytest.raises(SpecError) as info:
+        load_target(f"{path}:Block")
+    assert "Block is an nn.Module class whose __init__ needs arguments (Block(width, depth=2))" in str(info.value)
+    assert "m.py:model" in str(info.value)
+    with pytest.raises(SpecError, match=r"building Broken\(\) raised RuntimeError: no weights here"):
+        load_target(f"{path}:Broken")
+    target, _ = load_target(f"{path}:Fine")
+    assert isinstance(target, torch.nn.Module)

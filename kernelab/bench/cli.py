@@ -36,21 +36,40 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _check_request(args) -> list[str]:
+    """The op names, checked before anything needs a GPU: a typo is reported everywhere."""
+    from kernelab.errors import KernelabError
+
+    from . import runner, specs
+
+    known = specs.specs()
+    names = list(known) if args.op == "all" else [n.strip() for n in args.op.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise KernelabError(f"unknown op{'s' if len(unknown) > 1 else ''} {', '.join(unknown) or repr(args.op)}; "
+                            f"known: {', '.join(known)} (or 'all')")
+    bad = [p for p in args.providers or () if p not in runner.PROVIDERS]
+    if bad:
+        raise KernelabError(f"unknown provider{'s' if len(bad) > 1 else ''} {', '.join(bad)}; "
+                            f"known: {', '.join(runner.PROVIDERS)}")
+    return names
+
+
 def run(args) -> int:
+    """Raises kernelab.errors.KernelabError for what the user can fix (the main command prints
+    ``kernelab: error: ...`` and exits with 2)."""
     import torch
     from rich.console import Console
 
-    from . import report, runner, specs
+    from kernelab.errors import KernelabError
 
-    console = Console()
+    from . import report, runner
+
+    names = _check_request(args)
     if not torch.cuda.is_available():
-        console.print("[red]kernelab bench needs a CUDA GPU: speed is only measured on real hardware.[/red]")
-        return 2
-    names = list(specs.specs()) if args.op == "all" else args.op.split(",")
-    unknown = [n for n in names if n not in specs.specs()]
-    if unknown:
-        console.print(f"[red]unknown op(s) {unknown}; known: {', '.join(specs.specs())}[/red]")
-        return 2
+        raise KernelabError("kernelab bench needs a CUDA GPU and none is available: speed is only measured on real "
+                            "hardware (kernelab count --predict predicts without one)")
+    console = Console()
     dtype = getattr(torch, DTYPES[args.dtype])
     modes = (False, True) if args.backward else (False,)
     rows = runner.run(runner.cases(names, dtype, modes, args.shapes), tuple(args.providers or runner.PROVIDERS), console=console)
@@ -63,10 +82,18 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
+    import sys
+
+    from kernelab.errors import KernelabError
+
     parser = argparse.ArgumentParser(prog="kernelab")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KernelabError as exc:
+        print(f"kernelab: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

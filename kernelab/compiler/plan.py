@@ -193,6 +193,8 @@ class _Hooks:
             run_reference(group, env)
         finally:
             self.rec.suppress -= 1
+        if _empty(group, env):
+            return  # the runner computes an empty group with its ATen ops: no kernel launches
         info = self.rec.ids.info
         reads = [info(env[p]) for p in group.inputs]
         writes = [info(env[n]) for n in group.outputs]
@@ -201,6 +203,14 @@ class _Hooks:
         category = "reduction" if group.kind == "column" else group.kind
         self.rec.kernels.append(KernelSpec(group.name, category, ops, reads, writes,
                                            flops=float(numel * len(ops))))
+
+
+def _empty(group, env: dict) -> bool:
+    """Is the group's iteration shape empty (what ``runtime.GroupRunner.prepare`` refuses)?"""
+    shape = group.shape
+    if not all(isinstance(s, int) for s in shape):
+        shape = torch.broadcast_shapes(*[env[p].shape for p in group.inputs if isinstance(env[p], torch.Tensor)])
+    return any(s == 0 for s in shape)
 
 
 def _copy_tensor(t):

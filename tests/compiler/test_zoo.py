@@ -73,7 +73,7 @@ def test_inference_matches_eager(name):
     assert _rel(actual, expected) < REL, f"{name}: logits off eager by {_rel(actual, expected):.2e}"
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "resnet18"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "resnet"])
 def test_plan_predicts_the_kernels_that_launch(name):
     """The plan (no kernel run) names as many generated kernels for a training step as the real
     compiled step launches."""
@@ -88,5 +88,5 @@ def test_plan_predicts_the_kernels_that_launch(name):
     torch._dynamo.reset()
     model.zero_grad(set_to_none=True)
     klc.reset_events()
-    step(torch.compile(model, backend="kernelab"), inputs)
+    torch.compile(lambda: step(model, inputs), backend="kernelab")()  # what the plan compiled
     assert len(generated) == klc.events().kernels_launched > 0
