@@ -90,11 +90,21 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, **options):
             return call
         return torch._disable_dynamo(compile_fn)  # a backward compiled inside a traced frame
 
-    compiled = aot_module_simplified(
-        gm, example_inputs, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-        inference_compiler=compiler("inference"), decompositions=decompositions(),
-        partition_fn=min_cut_rematerialization_partition,
-    )
+    try:
+        compiled = aot_module_simplified(
+            gm, example_inputs, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"), decompositions=decompositions(),
+            partition_fn=min_cut_rematerialization_partition,
+        )
+    except Exception as exc:  # tracing or partitioning failed: the graph runs as dynamo captured it
+        if strict():
+            raise
+        from .eventlog import record_fallback
+
+        why = f"aot_autograd failed on this graph ({type(exc).__name__}: {exc}): it runs eagerly"
+        record_fallback("graph", "dynamo graph", why)
+        _say_fallback(why)
+        return gm.forward
     return _direct_inference(direct[0]) if direct else compiled
 
 

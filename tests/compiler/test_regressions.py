@@ -168,3 +168,21 @@ def test_strict_raises_instead_of_falling_back(monkeypatch):
 
 def test_env_is_strict_in_tests():
     assert os.environ.get("KERNELAB_STRICT") == "1"
+
+
+def test_aot_failure_runs_the_graph_eagerly(monkeypatch):
+    """aot_autograd itself failing (a decomposition bug, an op it cannot trace) is a fallback too:
+    the dynamo graph runs as captured, with the reason recorded."""
+    import torch._functorch.aot_autograd as aot
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted tracing bug")
+
+    monkeypatch.delenv("KERNELAB_STRICT")
+    monkeypatch.setattr(aot, "aot_module_simplified", broken)
+    klc.reset_events()
+    x = _r(4, 4)
+    with pytest.warns(UserWarning, match="planted tracing bug"):
+        actual = torch.compile(lambda x: x.cos() + 1, backend="kernelab")(x)
+    assert_close(actual, x.cos() + 1, what="eager fallback")
+    assert [what for what, _, _ in klc.events().fallbacks] == ["graph"]
