@@ -14,7 +14,7 @@ stores the full-size outputs. Two reductions share a pass when they can:
 from __future__ import annotations
 
 from . import fusion
-from .codegen import _Emitter, _correction, _emit_node, _full_load, _var
+from .codegen import _Emitter, _correction, _emit_node, _full_load, _var, local_name
 from .ops_table import compute_type
 
 __all__ = ["looped_body", "online_pairs"]
@@ -116,15 +116,15 @@ _ACC = {"sum": ("0", "+"), "mean": ("0", "+"), "var": ("0", "+"), "max": ('float
 
 def _emit_pass(em: _Emitter, loads, p: int, steps: list, stores: list) -> None:
     group = em.group
-    accumulated = [n.name for n, _ in steps] + [em.online[n].name + " (online)" for n, _ in steps if n in em.online]
+    accumulated = [local_name(n) for n, _ in steps] + [local_name(em.online[n]) + " (online)" for n, _ in steps if n in em.online]
     em.emit(f"# pass {p}: stream the row in blocks of RBLOCK"
             + (", accumulating " + ", ".join(accumulated) if steps else "")
             + (", storing the full-size outputs" if stores else ""))
     for n, step in steps:
         fill, _ = _ACC[fusion.reduction_kind(n)]
-        em.emit(f"acc_{n.name}_{step} = tl.full([XBLOCK, RBLOCK], {fill}, {compute_type(fusion.value(n).dtype)})")
+        em.emit(f"acc_{local_name(n)}_{step} = tl.full([XBLOCK, RBLOCK], {fill}, {compute_type(fusion.value(n).dtype)})")
         if n in em.online:
-            em.emit(f"acc_{em.online[n].name}_0 = tl.full([XBLOCK, RBLOCK], 0, {compute_type(fusion.value(n).dtype)})")
+            em.emit(f"acc_{local_name(em.online[n])}_0 = tl.full([XBLOCK, RBLOCK], 0, {compute_type(fusion.value(n).dtype)})")
     em.emit("for roff in range(0, n_cols, RBLOCK):")
     em.indent = "        "
     em.emit("cols = roff + tl.arange(0, RBLOCK)[None, :]")
@@ -159,7 +159,7 @@ def _accumulate(em: _Emitter, n, step: int) -> None:
     want = compute_type(fusion.value(n).dtype)
     em._load_role = "full"
     x = f"tl.broadcast_to({em.operand(n.args[0], want)}, [XBLOCK, RBLOCK])"
-    acc = f"acc_{n.name}_{step}"
+    acc = f"acc_{local_name(n)}_{step}"
     fill, how = _ACC[kind]
     if how == "+":
         term = f"tl.where(mask, {x} - {_var(n)}_mean, 0)" if kind == "var" and step == 1 else f"tl.where(mask, {x}, 0)"
@@ -173,16 +173,16 @@ def _accumulate_online(em: _Emitter, a, s) -> None:
     keep a zero sum (never e^(-inf + inf)); a NaN makes the max NaN, and the sum with it."""
     em._load_role = "full"
     x = f"tl.broadcast_to({em.operand(a.args[0], compute_type(fusion.value(a).dtype))}, [XBLOCK, RBLOCK])"
-    m, acc = f"acc_{a.name}_0", f"acc_{s.name}_0"
-    em.emit(f"x_{a.name} = tl.where(mask, {x}, float(\"-inf\"))")
-    em.emit(f"m_new = klm.maximum_nan({m}, x_{a.name})")
+    m, acc = f"acc_{local_name(a)}_0", f"acc_{local_name(s)}_0"
+    em.emit(f"x_{local_name(a)} = tl.where(mask, {x}, float(\"-inf\"))")
+    em.emit(f"m_new = klm.maximum_nan({m}, x_{local_name(a)})")
     em.emit(f"{acc} = {acc} * tl.where({m} == m_new, 1.0, tl.exp({m} - m_new))"
-            f" + tl.where(x_{a.name} == float(\"-inf\"), 0.0, tl.exp(x_{a.name} - m_new))")
+            f" + tl.where(x_{local_name(a)} == float(\"-inf\"), 0.0, tl.exp(x_{local_name(a)} - m_new))")
     em.emit(f"{m} = m_new")
 
 
 def _finalize_online(em: _Emitter, a, s) -> None:
-    m, acc = f"acc_{a.name}_0", f"acc_{s.name}_0"
+    m, acc = f"acc_{local_name(a)}_0", f"acc_{local_name(s)}_0"
     em.names[a], em.names[s] = _var(a), _var(s)
     em.emit(f"{_var(a)} = klm.max_rows({m})[:, None]")
     em.emit(f"{_var(s)} = tl.sum(tl.where({m} == {_var(a)}, {acc}, {acc} * tl.exp({m} - {_var(a)})), axis=1)[:, None]")
@@ -190,7 +190,7 @@ def _finalize_online(em: _Emitter, a, s) -> None:
 
 def _finalize(em: _Emitter, n, step: int) -> None:
     kind = fusion.reduction_kind(n)
-    acc, v = f"acc_{n.name}_{step}", _var(n)
+    acc, v = f"acc_{local_name(n)}_{step}", _var(n)
     em.names[n] = v
     if kind in ("max", "min"):
         em.emit(f"{v} = klm.{kind}_rows({acc})[:, None]")

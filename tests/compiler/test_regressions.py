@@ -186,3 +186,19 @@ def test_aot_failure_runs_the_graph_eagerly(monkeypatch):
         actual = torch.compile(lambda x: x.cos() + 1, backend="kernelab")(x)
     assert_close(actual, x.cos() + 1, what="eager fallback")
     assert [what for what, _, _ in klc.events().fallbacks] == ["graph"]
+
+
+def test_repeated_layers_share_one_kernel(tmp_path, monkeypatch):
+    """The same group in two layers generates the same source (nodes named by position, not by
+    their graph names), so it is written, imported and compiled once."""
+    monkeypatch.setenv("KERNELAB_CACHE", str(tmp_path))
+
+    def two_layers(x, w):
+        h = F.layer_norm(x, (64,)) @ w
+        return F.layer_norm(h, (64,)) @ w
+
+    x, w = _r(8, 64), _r(64, 64, seed=1)
+    klc.reset_events()
+    assert_close(torch.compile(two_layers, backend="kernelab")(x, w), two_layers(x, w), what="two layers")
+    assert klc.events().kernels_launched == 2
+    assert len(list((tmp_path / "compiler").glob("kl_fused_*.py"))) == 1

@@ -14,8 +14,8 @@ def kl_fused_add_relu(
 ):
     """kl_fused_add_relu: 2 ops fused, pointwise.
 
-    add = add(arg0_1, arg1_1)  [full]
-    relu = relu(add)  [full]
+    n0 = add(i0, i1)  [full]
+    n1 = relu(n0)  [full]
 
     Traffic: reads 2 input(s) once, writes 1 output(s) once; nothing in between touches memory.
     """
@@ -35,10 +35,10 @@ def kl_fused_add_relu(
         in0 = tl.load(in0_ptr + in0_off).to(tl.float32)
         in1 = tl.load(in1_ptr + in1_off).to(tl.float32)
         # compute
-        v_add = in0 + in1
-        v_relu = tl.where(v_add < 0, 0, v_add)
+        v_n0 = in0 + in1
+        v_n1 = tl.where(v_n0 < 0, 0, v_n0)
         # store each output once
-        tl.store(out0_ptr + out0_off, v_relu.to(out0_ptr.dtype.element_ty))
+        tl.store(out0_ptr + out0_off, v_n1.to(out0_ptr.dtype.element_ty))
     else:
         # the last, partial block
         mask = offs < numel
@@ -46,7 +46,7 @@ def kl_fused_add_relu(
         in0 = tl.load(in0_ptr + in0_off, mask=mask, other=0).to(tl.float32)
         in1 = tl.load(in1_ptr + in1_off, mask=mask, other=0).to(tl.float32)
         # compute
-        v_add = in0 + in1
-        v_relu = tl.where(v_add < 0, 0, v_add)
+        v_n0 = in0 + in1
+        v_n1 = tl.where(v_n0 < 0, 0, v_n0)
         # store each output once
-        tl.store(out0_ptr + out0_off, v_relu.to(out0_ptr.dtype.element_ty), mask=mask)
+        tl.store(out0_ptr + out0_off, v_n1.to(out0_ptr.dtype.element_ty), mask=mask)

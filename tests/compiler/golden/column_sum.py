@@ -15,9 +15,9 @@ def kl_fused_mul_sum(
 ):
     """kl_fused_mul_sum: 3 ops fused, column.
 
-    mul = mul(arg0_1, arg1_1)  [full]
-    sum_1 = sum(mul, [0])  [col]
-    mul_1 = mul(sum_1, 2)  [col]
+    n0 = mul(i0, i1)  [full]
+    n1 = sum(n0, [0])  [col]
+    n2 = mul(n1, 2)  [col]
 
     Traffic: reads 2 input(s) once, writes 1 output(s) once; nothing in between touches memory.
     """
@@ -28,7 +28,7 @@ def kl_fused_mul_sum(
         first_row = split.to(tl.int64) * tiles_per_split * XBLOCK
     else:
         first_row = split * tiles_per_split * XBLOCK
-    v_sum_1_acc = tl.zeros([XBLOCK, CBLOCK], dtype=tl.float32)
+    v_n1_acc = tl.zeros([XBLOCK, CBLOCK], dtype=tl.float32)
     # walk this split's rows one tile at a time: each input element is read once
     for tile in range(0, tiles_per_split):
         row = first_row + tile * XBLOCK + tl.arange(0, XBLOCK)[:, None]
@@ -36,22 +36,22 @@ def kl_fused_mul_sum(
         r0 = row
         in0 = tl.load(in0_ptr + r0 * in0_stride0 + cols * in0_stride_c, mask=mask, other=0).to(tl.float32)
         in1 = tl.load(in1_ptr + r0 * in1_stride0 + cols * in1_stride_c, mask=mask, other=0).to(tl.float32)
-        v_mul = in0 * in1
-        v_sum_1_acc += tl.where(mask, tl.broadcast_to(v_mul, [XBLOCK, CBLOCK]), 0)
+        v_n0 = in0 * in1
+        v_n1_acc += tl.where(mask, tl.broadcast_to(v_n0, [XBLOCK, CBLOCK]), 0)
     # this split's sum of each column
-    v_sum_1 = tl.sum(v_sum_1_acc, axis=0)[None, :]
+    v_n1 = tl.sum(v_n1_acc, axis=0)[None, :]
     if SPLITS > 1:
         # publish the partial sums; the last program to arrive at this column block adds them up
-        tl.store(work_ptr + (0 * splits + split) * n_cols + cols, v_sum_1, mask=cmask)
+        tl.store(work_ptr + (0 * splits + split) * n_cols + cols, v_n1, mask=cmask)
         tl.debug_barrier()
         arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel")
         if arrived == splits - 1:
             parts = tl.arange(0, SPLITS)[:, None]
             pmask = (parts < splits) & cmask
-            v_sum_1 = tl.sum(tl.load(work_ptr + (0 * splits + parts) * n_cols + cols, mask=pmask, other=0, cache_modifier=".cg"), axis=0)[None, :]
-            v_mul_1 = v_sum_1 * 2
-            tl.store(out0_ptr + cols, tl.broadcast_to(v_mul_1, [1, CBLOCK]).to(out0_ptr.dtype.element_ty), mask=cmask)
+            v_n1 = tl.sum(tl.load(work_ptr + (0 * splits + parts) * n_cols + cols, mask=pmask, other=0, cache_modifier=".cg"), axis=0)[None, :]
+            v_n2 = v_n1 * 2
+            tl.store(out0_ptr + cols, tl.broadcast_to(v_n2, [1, CBLOCK]).to(out0_ptr.dtype.element_ty), mask=cmask)
             tl.atomic_xchg(count_ptr + tl.program_id(0), 0)  # ready for the next launch
     else:
-        v_mul_1 = v_sum_1 * 2
-        tl.store(out0_ptr + cols, tl.broadcast_to(v_mul_1, [1, CBLOCK]).to(out0_ptr.dtype.element_ty), mask=cmask)
+        v_n2 = v_n1 * 2
+        tl.store(out0_ptr + cols, tl.broadcast_to(v_n2, [1, CBLOCK]).to(out0_ptr.dtype.element_ty), mask=cmask)

@@ -15,17 +15,17 @@ def kl_fused_var_sum_div_add_rsqrt_sub_etc(
 ):
     """kl_fused_var_sum_div_add_rsqrt_sub_etc: 11 ops fused, reduction.
 
-    var = var(arg0_1, [1], 0.0)  [row]
-    broadcast_in_dim = broadcast_in_dim(var, [4, 1], [0])  [row]
-    sum_1 = sum(arg0_1, [1])  [row]
-    broadcast_in_dim_1 = broadcast_in_dim(sum_1, [4, 1], [0])  [row]
-    div = div(broadcast_in_dim_1, 64.0)  [row]
-    add = add(broadcast_in_dim, 1e-05)  [row]
-    rsqrt = rsqrt(add)  [row]
-    sub = sub(arg0_1, div)  [full]
-    mul = mul(sub, rsqrt)  [full]
-    mul_1 = mul(mul, arg1_1)  [full]
-    add_1 = add(mul_1, arg2_1)  [full]
+    n0 = var(i0, [1], 0.0)  [row]
+    n1 = broadcast_in_dim(n0, [4, 1], [0])  [row]
+    n2 = sum(i0, [1])  [row]
+    n3 = broadcast_in_dim(n2, [4, 1], [0])  [row]
+    n4 = div(n3, 64.0)  [row]
+    n5 = add(n1, 1e-05)  [row]
+    n6 = rsqrt(n5)  [row]
+    n7 = sub(i0, n4)  [full]
+    n8 = mul(n7, n6)  [full]
+    n9 = mul(n8, i1)  [full]
+    n10 = add(n9, i2)  [full]
 
     Traffic: reads 3 input(s) once, writes 1 output(s) once; nothing in between touches memory.
     """
@@ -47,19 +47,19 @@ def kl_fused_var_sum_div_add_rsqrt_sub_etc(
     in1 = tl.load(in1_ptr + in1_row + cols * in1_stride_r, mask=mask, other=0).to(tl.float32)
     in2 = tl.load(in2_ptr + in2_row + cols * in2_stride_r, mask=mask, other=0).to(tl.float32)
     # reduce over the row: var
-    v_var_mean = tl.sum(tl.where(mask, tl.broadcast_to(in0, [XBLOCK, RBLOCK]), 0), axis=1)[:, None] / n_cols
-    v_var_dev = tl.where(mask, tl.broadcast_to(in0, [XBLOCK, RBLOCK]) - v_var_mean, 0)
-    v_var = tl.sum(v_var_dev * v_var_dev, axis=1)[:, None] / (n_cols - 0.0)
-    v_broadcast_in_dim = v_var
+    v_n0_mean = tl.sum(tl.where(mask, tl.broadcast_to(in0, [XBLOCK, RBLOCK]), 0), axis=1)[:, None] / n_cols
+    v_n0_dev = tl.where(mask, tl.broadcast_to(in0, [XBLOCK, RBLOCK]) - v_n0_mean, 0)
+    v_n0 = tl.sum(v_n0_dev * v_n0_dev, axis=1)[:, None] / (n_cols - 0.0)
+    v_n1 = v_n0
     # reduce over the row: sum
-    v_sum_1 = tl.sum(tl.where(mask, tl.broadcast_to(in0, [XBLOCK, RBLOCK]), 0), axis=1)[:, None]
-    v_broadcast_in_dim_1 = v_sum_1
-    v_div = v_broadcast_in_dim_1 / 64.0
-    v_add = v_broadcast_in_dim + 1e-05
-    v_rsqrt = tl.rsqrt(v_add)
-    v_sub = in0 - v_div
-    v_mul = v_sub * v_rsqrt
-    v_mul_1 = v_mul * in1
-    v_add_1 = v_mul_1 + in2
+    v_n2 = tl.sum(tl.where(mask, tl.broadcast_to(in0, [XBLOCK, RBLOCK]), 0), axis=1)[:, None]
+    v_n3 = v_n2
+    v_n4 = v_n3 / 64.0
+    v_n5 = v_n1 + 1e-05
+    v_n6 = tl.rsqrt(v_n5)
+    v_n7 = in0 - v_n4
+    v_n8 = v_n7 * v_n6
+    v_n9 = v_n8 * in1
+    v_n10 = v_n9 + in2
     # store the full-size outputs
-    tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_add_1, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_n10, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)

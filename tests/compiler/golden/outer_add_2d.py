@@ -14,8 +14,8 @@ def kl_fused_add_sigmoid(
 ):
     """kl_fused_add_sigmoid: 2 ops fused, pointwise.
 
-    add = add(arg0_1, arg1_1)  [full]
-    sigmoid = sigmoid(add)  [full]
+    n0 = add(i0, i1)  [full]
+    n1 = sigmoid(n0)  [full]
 
     Traffic: reads 2 input(s) once, writes 1 output(s) once; nothing in between touches memory.
     """
@@ -37,10 +37,10 @@ def kl_fused_add_sigmoid(
         in0 = tl.load(in0_ptr + in0_off).to(tl.float32)
         in1 = tl.load(in1_ptr + in1_off).to(tl.float32)
         # compute
-        v_add = in0 + in1
-        v_sigmoid = tl.sigmoid(v_add)
+        v_n0 = in0 + in1
+        v_n1 = tl.sigmoid(v_n0)
         # store each output once
-        tl.store(out0_ptr + out0_off, v_sigmoid.to(out0_ptr.dtype.element_ty))
+        tl.store(out0_ptr + out0_off, v_n1.to(out0_ptr.dtype.element_ty))
     else:
         # the last, partial block
         mask = offs < numel
@@ -48,7 +48,7 @@ def kl_fused_add_sigmoid(
         in0 = tl.load(in0_ptr + in0_off, mask=mask, other=0).to(tl.float32)
         in1 = tl.load(in1_ptr + in1_off, mask=mask, other=0).to(tl.float32)
         # compute
-        v_add = in0 + in1
-        v_sigmoid = tl.sigmoid(v_add)
+        v_n0 = in0 + in1
+        v_n1 = tl.sigmoid(v_n0)
         # store each output once
-        tl.store(out0_ptr + out0_off, v_sigmoid.to(out0_ptr.dtype.element_ty), mask=mask)
+        tl.store(out0_ptr + out0_off, v_n1.to(out0_ptr.dtype.element_ty), mask=mask)

@@ -15,12 +15,12 @@ def kl_fused_pow_mean_add_rsqrt_mul(
 ):
     """kl_fused_pow_mean_add_rsqrt_mul: 6 ops fused, reduction.
 
-    pow_1 = pow(arg0_1, 2)  [full]
-    mean = mean(pow_1, [-1], True)  [row]
-    add = add(mean, 1e-06)  [row]
-    rsqrt = rsqrt(add)  [row]
-    mul = mul(arg0_1, rsqrt)  [full]
-    mul_1 = mul(mul, arg1_1)  [full]
+    n0 = pow(i0, 2)  [full]
+    n1 = mean(n0, [-1], True)  [row]
+    n2 = add(n1, 1e-06)  [row]
+    n3 = rsqrt(n2)  [row]
+    n4 = mul(i0, n3)  [full]
+    n5 = mul(n4, i1)  [full]
 
     Traffic: reads 2 input(s) once per pass over the row, writes 1 output(s) once; nothing in between touches memory.
     """
@@ -33,18 +33,18 @@ def kl_fused_pow_mean_add_rsqrt_mul(
     r0 = row
     in0_row = r0 * in0_stride0
     in1_row = r0 * in1_stride0
-    # pass 0: stream the row in blocks of RBLOCK, accumulating mean
-    acc_mean_0 = tl.full([XBLOCK, RBLOCK], 0, tl.float32)
+    # pass 0: stream the row in blocks of RBLOCK, accumulating n1
+    acc_n1_0 = tl.full([XBLOCK, RBLOCK], 0, tl.float32)
     for roff in range(0, n_cols, RBLOCK):
         cols = roff + tl.arange(0, RBLOCK)[None, :]
         rmask = cols < n_cols
         mask = xmask & rmask
         in0 = tl.load(in0_ptr + in0_row + cols * in0_stride_r, mask=mask, other=0).to(tl.float32)
-        v_pow_1 = (in0 * in0)
-        acc_mean_0 = acc_mean_0 + tl.where(mask, tl.broadcast_to(v_pow_1, [XBLOCK, RBLOCK]), 0)
-    v_mean = tl.sum(acc_mean_0, axis=1)[:, None] / n_cols
-    v_add = v_mean + 1e-06
-    v_rsqrt = tl.rsqrt(v_add)
+        v_n0 = (in0 * in0)
+        acc_n1_0 = acc_n1_0 + tl.where(mask, tl.broadcast_to(v_n0, [XBLOCK, RBLOCK]), 0)
+    v_n1 = tl.sum(acc_n1_0, axis=1)[:, None] / n_cols
+    v_n2 = v_n1 + 1e-06
+    v_n3 = tl.rsqrt(v_n2)
     # pass 1: stream the row in blocks of RBLOCK, storing the full-size outputs
     for roff in range(0, n_cols, RBLOCK):
         cols = roff + tl.arange(0, RBLOCK)[None, :]
@@ -52,6 +52,6 @@ def kl_fused_pow_mean_add_rsqrt_mul(
         mask = xmask & rmask
         in0 = tl.load(in0_ptr + in0_row + cols * in0_stride_r, mask=mask, other=0).to(tl.float32)
         in1 = tl.load(in1_ptr + in1_row + cols * in1_stride_r, mask=mask, other=0).to(tl.float32)
-        v_mul = in0 * v_rsqrt
-        v_mul_1 = v_mul * in1
-        tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_mul_1, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)
+        v_n4 = in0 * v_n3
+        v_n5 = v_n4 * in1
+        tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_n5, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)

@@ -15,11 +15,11 @@ def kl_fused_amax_sub_exp_sum_div(
 ):
     """kl_fused_amax_sub_exp_sum_div: 5 ops fused, reduction.
 
-    amax = amax(arg0_1, [-1], True)  [row]
-    sub = sub(arg0_1, amax)  [full]
-    exp = exp(sub)  [full]
-    sum_1 = sum(exp, [-1], True)  [row]
-    div = div(exp, sum_1)  [full]
+    n0 = amax(i0, [-1], True)  [row]
+    n1 = sub(i0, n0)  [full]
+    n2 = exp(n1)  [full]
+    n3 = sum(n2, [-1], True)  [row]
+    n4 = div(n2, n3)  [full]
 
     Traffic: reads 1 input(s) once per pass over the row, writes 1 output(s) once; nothing in between touches memory.
     """
@@ -31,27 +31,27 @@ def kl_fused_amax_sub_exp_sum_div(
     # coordinates of each row in the collapsed 1-d leading dims
     r0 = row
     in0_row = r0 * in0_stride0
-    # pass 0: stream the row in blocks of RBLOCK, accumulating amax, sum_1 (online)
-    acc_amax_0 = tl.full([XBLOCK, RBLOCK], float("-inf"), tl.float32)
-    acc_sum_1_0 = tl.full([XBLOCK, RBLOCK], 0, tl.float32)
+    # pass 0: stream the row in blocks of RBLOCK, accumulating n0, n3 (online)
+    acc_n0_0 = tl.full([XBLOCK, RBLOCK], float("-inf"), tl.float32)
+    acc_n3_0 = tl.full([XBLOCK, RBLOCK], 0, tl.float32)
     for roff in range(0, n_cols, RBLOCK):
         cols = roff + tl.arange(0, RBLOCK)[None, :]
         rmask = cols < n_cols
         mask = xmask & rmask
         in0 = tl.load(in0_ptr + in0_row + cols * in0_stride_r, mask=mask, other=0).to(tl.float32)
-        x_amax = tl.where(mask, tl.broadcast_to(in0, [XBLOCK, RBLOCK]), float("-inf"))
-        m_new = klm.maximum_nan(acc_amax_0, x_amax)
-        acc_sum_1_0 = acc_sum_1_0 * tl.where(acc_amax_0 == m_new, 1.0, tl.exp(acc_amax_0 - m_new)) + tl.where(x_amax == float("-inf"), 0.0, tl.exp(x_amax - m_new))
-        acc_amax_0 = m_new
-    v_amax = klm.max_rows(acc_amax_0)[:, None]
-    v_sum_1 = tl.sum(tl.where(acc_amax_0 == v_amax, acc_sum_1_0, acc_sum_1_0 * tl.exp(acc_amax_0 - v_amax)), axis=1)[:, None]
+        x_n0 = tl.where(mask, tl.broadcast_to(in0, [XBLOCK, RBLOCK]), float("-inf"))
+        m_new = klm.maximum_nan(acc_n0_0, x_n0)
+        acc_n3_0 = acc_n3_0 * tl.where(acc_n0_0 == m_new, 1.0, tl.exp(acc_n0_0 - m_new)) + tl.where(x_n0 == float("-inf"), 0.0, tl.exp(x_n0 - m_new))
+        acc_n0_0 = m_new
+    v_n0 = klm.max_rows(acc_n0_0)[:, None]
+    v_n3 = tl.sum(tl.where(acc_n0_0 == v_n0, acc_n3_0, acc_n3_0 * tl.exp(acc_n0_0 - v_n0)), axis=1)[:, None]
     # pass 1: stream the row in blocks of RBLOCK, storing the full-size outputs
     for roff in range(0, n_cols, RBLOCK):
         cols = roff + tl.arange(0, RBLOCK)[None, :]
         rmask = cols < n_cols
         mask = xmask & rmask
         in0 = tl.load(in0_ptr + in0_row + cols * in0_stride_r, mask=mask, other=0).to(tl.float32)
-        v_sub = in0 - v_amax
-        v_exp = tl.exp(v_sub)
-        v_div = v_exp / v_sum_1
-        tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_div, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)
+        v_n1 = in0 - v_n0
+        v_n2 = tl.exp(v_n1)
+        v_n4 = v_n2 / v_n3
+        tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_n4, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)

@@ -15,11 +15,11 @@ def kl_fused_amax_sub_exp_sum_div(
 ):
     """kl_fused_amax_sub_exp_sum_div: 5 ops fused, reduction.
 
-    amax = amax(arg0_1, [-1], True)  [row]
-    sub = sub(arg0_1, amax)  [full]
-    exp = exp(sub)  [full]
-    sum_1 = sum(exp, [-1], True)  [row]
-    div = div(exp, sum_1)  [full]
+    n0 = amax(i0, [-1], True)  [row]
+    n1 = sub(i0, n0)  [full]
+    n2 = exp(n1)  [full]
+    n3 = sum(n2, [-1], True)  [row]
+    n4 = div(n2, n3)  [full]
 
     Traffic: reads 1 input(s) once, writes 1 output(s) once; nothing in between touches memory.
     """
@@ -37,11 +37,11 @@ def kl_fused_amax_sub_exp_sum_div(
     mask = xmask & rmask
     in0 = tl.load(in0_ptr + in0_row + cols * in0_stride_r, mask=mask, other=0).to(tl.float32)
     # reduce over the row: max
-    v_amax = klm.max_rows(tl.where(mask, tl.broadcast_to(in0, [XBLOCK, RBLOCK]), float("-inf")))[:, None]
-    v_sub = in0 - v_amax
-    v_exp = tl.exp(v_sub)
+    v_n0 = klm.max_rows(tl.where(mask, tl.broadcast_to(in0, [XBLOCK, RBLOCK]), float("-inf")))[:, None]
+    v_n1 = in0 - v_n0
+    v_n2 = tl.exp(v_n1)
     # reduce over the row: sum
-    v_sum_1 = tl.sum(tl.where(mask, tl.broadcast_to(v_exp, [XBLOCK, RBLOCK]), 0), axis=1)[:, None]
-    v_div = v_exp / v_sum_1
+    v_n3 = tl.sum(tl.where(mask, tl.broadcast_to(v_n2, [XBLOCK, RBLOCK]), 0), axis=1)[:, None]
+    v_n4 = v_n2 / v_n3
     # store the full-size outputs
-    tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_div, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_n4, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)
