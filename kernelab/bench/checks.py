@@ -94,7 +94,7 @@ def big_index(device) -> list[dict]:
     for name, fn, ref in (
         ("softmax", lambda t: K.softmax(t, -1), lambda t: torch.softmax(t, -1)),
         ("layer_norm", lambda t: K.layer_norm(t, (n,), w, b), lambda t: F.layer_norm(t, (n,), w.double(), b.double())),
-        ("rms_norm", lambda t: K.rms_norm(t, (n,), w), lambda t: F.rms_norm(t, (n,), w.double(), torch.finfo(dtype).eps)),
+        ("rms_norm", lambda t: K.rms_norm(t, (n,), w), lambda t: F.rms_norm(t, (n,), w.double(), _default_rms_eps(dtype))),
     ):
         xg = x.requires_grad_(True)
         y = fn(xg)
@@ -142,3 +142,8 @@ def big_index(device) -> list[dict]:
     del a, bb, y, da
     torch.cuda.empty_cache()
     return results
+
+
+def _default_rms_eps(dtype: torch.dtype) -> float:
+    """torch's (and kernelab's) rms_norm eps when none is given: float32's for 16-bit inputs."""
+    return torch.finfo(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype).eps

@@ -83,6 +83,25 @@ def call(op, launcher, *args):
     return op(*args) if traced(*tensors) else launcher(*args)
 
 
+def builds_graph() -> bool:
+    """True inside a backward that must itself be differentiable: ``torch.autograd.grad(...,
+    create_graph=True)`` (double backward: gradient penalties, Hessian-vector products) runs the
+    backward with grad mode on; a plain backward, and the backward that aot_autograd traces for
+    torch.compile, run it with grad mode off. The Triton kernels' gradients carry no graph, so the
+    ops then compute their gradient with differentiable PyTorch ops instead."""
+    return torch.is_grad_enabled()
+
+
+def reference_grads(reference, inputs, needs, grad_out):
+    """d reference(*inputs) / d inputs, contracted with ``grad_out``, for the inputs flagged in
+    ``needs`` (None for the others), built with ``create_graph=True``: the gradients are
+    differentiable again, with respect to the inputs and to ``grad_out``."""
+    wanted = [t for t, need in zip(inputs, needs) if need]
+    with torch.enable_grad():
+        got = iter(torch.autograd.grad(reference(*inputs), wanted, grad_out, create_graph=True, allow_unused=True))
+    return [next(got) if need else None for need in needs]
+
+
 def eager_function(name: str, forward, setup_context, backward) -> type[torch.autograd.Function]:
     """An autograd.Function built from the pieces registered on the custom op (shared, not copied).
 

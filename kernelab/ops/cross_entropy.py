@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -248,8 +249,22 @@ def _backward(ctx, grad, _dlse, _ddenom):
     if grad is None:
         return None, None, None, None, None, None
     logits, target, weight, lse, denom = ctx.saved_tensors
+    if _common.builds_graph():  # double backward: PyTorch's differentiable gradient
+        return _reference_grad(ctx, grad, logits, target, weight), None, None, None, None, None
     dx = _common.call(_ce_backward_op, _ce_backward, grad, logits, target, weight, lse, denom, *ctx.args)
     return dx, None, None, None, None, None
+
+
+def _reference_grad(ctx, grad, logits, target, weight):
+    """d loss / d logits of PyTorch's cross_entropy over the same [M, C] rows, differentiable again."""
+    ignore_index, smoothing, reduction = ctx.args
+
+    def reference(logits):
+        return F.cross_entropy(
+            logits, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=smoothing
+        )
+
+    return _common.reference_grads(reference, (logits,), ctx.needs_input_grad[:1], grad)[0]
 
 
 _ce_op.register_autograd(_backward, setup_context=_setup_context)
@@ -289,6 +304,30 @@ def _check_targets_on_host(target: torch.Tensor, n_classes: int, ignore_index: i
         raise IndexError(f"Target {int(target[bad].flatten()[0])} is out of bounds.")
 
 
+def _torch_decides(input, target, weight, reduction: str, label_smoothing: float) -> bool:
+    """True for the calls that PyTorch runs itself: its result, or its error word for word and in
+    its order. That covers bad arguments (reduction, label_smoothing > 1, a target that is no
+    tensor), inputs the kernels do not take, no classes (C = 0: PyTorch's empty-input rules), a
+    target or weight on another device (a target on "meta", say), a weight of the wrong shape or
+    dtype, and class-index targets of the wrong shape or dtype, or with a class weight that
+    requires grad (nll_loss has no derivative for it: PyTorch raises)."""
+    if reduction not in _REDUCTIONS or label_smoothing > 1.0 or not isinstance(target, torch.Tensor):
+        return True
+    if input.dim() == 0 or not _common.use_triton(input):
+        return True
+    class_dim = 0 if input.dim() == 1 else 1
+    c = input.shape[class_dim]
+    if c == 0 or any(t is not None and t.device != input.device for t in (target, weight)):
+        return True
+    if weight is not None and (weight.dim() != 1 or weight.numel() != c or weight.dtype != input.dtype):
+        return True
+    if target.is_floating_point() and target.shape == input.shape:
+        return False  # probabilities: a differentiable formula, a weight may require grad
+    weight_grad = weight is not None and weight.requires_grad and torch.is_grad_enabled()
+    expected = input.shape[:class_dim] + input.shape[class_dim + 1:]
+    return target.shape != expected or target.dtype not in (torch.int64, torch.uint8) or weight_grad
+
+
 def cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -304,44 +343,25 @@ def cross_entropy(
     Logits (C), (N, C) or (N, C, d1, ...); class weights, ``ignore_index``, ``label_smoothing`` and
     every reduction. Forward: one kernel reading the logits once (online logsumexp); backward: one
     kernel reading them once more and writing the gradient: probabilities never reach memory. The
-    loss has the logits' dtype and is accumulated in float32.
+    loss has the logits' dtype and is accumulated in float32. As in PyTorch, a ``label_smoothing``
+    above 1 is an error and one that is not above 0 (negative, NaN) means no smoothing.
     """
     if size_average is not None or reduce is not None:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"{reduction} is not a valid value for reduction")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
-    class_dim = 0 if input.dim() == 1 else 1
-    c = input.shape[class_dim] if input.dim() else 0
-    if weight is not None:
-        if weight.dim() != 1 or weight.numel() != c:
-            raise RuntimeError(
-                f"weight tensor should be defined either for all {c} classes or no classes but got "
-                f"weight tensor of shape: {list(weight.shape)}"
-            )
-        if weight.dtype != input.dtype:
-            raise RuntimeError(f"expected scalar type {input.dtype} but found {weight.dtype}")
-    if not _common.use_triton(input) or input.dim() == 0:
-        return torch.nn.functional.cross_entropy(
+    if _torch_decides(input, target, weight, reduction, label_smoothing):
+        return F.cross_entropy(
             input, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
         )
+    class_dim = 0 if input.dim() == 1 else 1
+    c = input.shape[class_dim]
+    smoothing = float(label_smoothing) if label_smoothing > 0 else 0.0  # negative or NaN: none, as in PyTorch
     if target.is_floating_point():
-        if target.shape != input.shape:
-            raise RuntimeError(f"Expected target size {list(input.shape)}, got {list(target.shape)}")
-        return _soft_targets(input, target, weight, reduction, label_smoothing, class_dim)
-    if target.dtype not in (torch.int64, torch.uint8):
-        name = str(target.dtype).replace("torch.", "").capitalize().replace("Int32", "Int")
-        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {name}")
-    expected = input.shape[:class_dim] + input.shape[class_dim + 1:]
-    if target.shape != expected:
-        if input.dim() >= 2 and target.dim() >= 1 and target.shape[0] != input.shape[0]:
-            raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({target.shape[0]}).")
-        raise RuntimeError(f"Expected target size {list(expected)}, got {list(target.shape)}")
+        return _soft_targets(input, target, weight, reduction, smoothing, class_dim)
     _check_targets_on_host(target, c, ignore_index)
     # logits as [M, C] rows, class dim last (a K-dim input is transposed once)
     logits = input.movedim(class_dim, -1).reshape(-1, c) if input.dim() != 2 else input
+    weight = None if weight is None else weight.contiguous()
     loss = _common.apply(
-        _CrossEntropy, _ce_op, logits, target.reshape(-1).contiguous(), None if weight is None else weight.contiguous(), int(ignore_index), float(label_smoothing), reduction
+        _CrossEntropy, _ce_op, logits, target.reshape(-1).contiguous(), weight, int(ignore_index), smoothing, reduction
     )[0]
-    return loss.reshape(expected) if reduction == "none" else loss
+    return loss.reshape(input.shape[:class_dim] + input.shape[class_dim + 1:]) if reduction == "none" else loss

@@ -21,9 +21,11 @@ backward spills registers: measured 1.51 TB/s fwd+bwd against 2.19 for the two-k
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -446,7 +448,8 @@ def _(dy, x, weight, mean, rstd, n, rms, need_dw, need_db):
 def _setup_context(ctx, inputs, output):
     x, n, weight, bias, eps, rms = inputs
     _, mean, rstd = output
-    ctx.n, ctx.rms, ctx.has_bias = n, rms, bias is not None
+    ctx.n, ctx.rms, ctx.eps, ctx.has_bias = n, rms, eps, bias is not None
+    ctx.bias_dtype = bias.dtype if bias is not None else None
     ctx.save_for_backward(x, weight, mean, rstd)
     # mean and rstd are internal outputs: no zero gradients are built for them (see _common)
     ctx.set_materialize_grads(False)
@@ -458,10 +461,27 @@ def _backward(ctx, dy, _dmean, _drstd):
     x, weight, mean, rstd = ctx.saved_tensors
     need_dw = weight is not None and ctx.needs_input_grad[2]
     need_db = ctx.has_bias and ctx.needs_input_grad[3]
+    if _common.builds_graph():  # double backward: PyTorch's differentiable gradients
+        dx, dw, db = _reference_grads(ctx, dy, x, weight, need_dw, need_db)
+        return dx, None, dw, db, None, None
     dx, dw, db = _common.call(
         _norm_backward_op, _norm_backward, dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db
     )
     return dx, None, dw if need_dw else None, db if need_db else None, None, None
+
+
+def _reference_grads(ctx, dy, x, weight, need_dw: bool, need_db: bool):
+    """(dx, dw, db) of PyTorch's layer_norm / rms_norm over [M, N] rows, differentiable again.
+    db = sum of dy over rows does not depend on the bias's value: a zero bias stands in for it."""
+    n = ctx.n
+    bias = torch.zeros(n, dtype=ctx.bias_dtype, device=x.device, requires_grad=True) if need_db else None
+
+    def reference(x, weight, bias):
+        rows = x.reshape(x.numel() // n if n else 0, n)
+        y = F.rms_norm(rows, (n,), weight, ctx.eps) if ctx.rms else F.layer_norm(rows, (n,), weight, bias, ctx.eps)
+        return y.reshape(x.shape)
+
+    return _common.reference_grads(reference, (x, weight, bias), (ctx.needs_input_grad[0], need_dw, need_db), dy)
 
 
 _norm_op.register_autograd(_backward, setup_context=_setup_context)
@@ -469,22 +489,41 @@ _Norm = _common.eager_function("_Norm", _norm_forward, _setup_context, _backward
 
 
 # --------------------------------------------------------------------------- public functions
-def _check(input, normalized_shape, weight, bias, rms: bool) -> int:
-    shape = tuple(normalized_shape) if not isinstance(normalized_shape, int) else (normalized_shape,)
+def _is_int(d) -> bool:
+    """An entry of ``normalized_shape`` that PyTorch's argument parser takes: an int (not a bool),
+    a SymInt while tracing, or an integer-like (numpy integer, one-element integer tensor)."""
+    if isinstance(d, torch.Tensor):
+        return d.numel() == 1 and not d.is_floating_point() and not d.is_complex() and d.dtype != torch.bool
+    return not isinstance(d, bool) and (isinstance(d, (int, torch.SymInt)) or hasattr(d, "__index__"))
+
+
+def _kernel_rows(input, normalized_shape, weight, bias, rms: bool) -> int | None:
+    """N, the elements of one normalized row, when the kernels take the call; None when PyTorch
+    runs it: its result, or its error word for word and in its order. That covers a bare int as
+    ``normalized_shape`` (a TypeError in ``F.layer_norm``; ``nn.LayerNorm(17)`` converts it first),
+    an empty or mismatched shape, inputs the kernels do not take, a weight or bias on another
+    device, and layer_norm's parameters in a dtype other than the input's (or float32 for 16-bit
+    inputs: PyTorch's "mixed dtype" error; rms_norm takes any)."""
+    if not isinstance(input, torch.Tensor) or not isinstance(normalized_shape, (tuple, list)) or not normalized_shape:
+        return None
+    shape = tuple(normalized_shape)
+    if not all(type(d) is int for d in shape):  # plain ints (a torch.Size) skip this
+        if not all(map(_is_int, shape)):
+            return None
+        shape = tuple(d if isinstance(d, (int, torch.SymInt)) else operator.index(d) for d in shape)
     k = len(shape)
-    if k == 0 or input.dim() < k or tuple(input.shape[-k:]) != shape:
-        star = "*" if rms else "*, "
-        raise RuntimeError(
-            f"Given normalized_shape={list(shape)}, expected input with shape [{star}{', '.join(map(str, shape))}], "
-            f"but got input of size{list(input.shape)}"
-        )
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and tuple(t.shape) != shape:
-            raise RuntimeError(
-                f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape "
-                f"{list(t.shape)} and normalized_shape = {list(shape)}"
-            )
-    return math.prod(shape)
+    if input.dim() < k or input.shape[-k:] != shape:
+        return None
+    # layer_norm's parameters: the input's dtype, or float32 for 16-bit inputs
+    mixed = input.dtype in (torch.float16, torch.bfloat16)
+    for t in (weight, bias):
+        if t is None:
+            continue
+        if t.shape != shape or t.device != input.device:
+            return None
+        if not rms and t.dtype != input.dtype and not (mixed and t.dtype == torch.float32):
+            return None
+    return math.prod(shape) if _common.use_triton(input) else None
 
 
 def _run(input, n, weight, bias, eps, rms):
@@ -507,11 +546,14 @@ def layer_norm(
     elements are split across programs that merge their statistics on the GPU; under the
     interpreter, and past 2M elements, they take a second, partly L2-served pass). Backward: dx,
     and the weight and bias gradients from per-program partial sums (rows over 8192 elements read
-    x and dy twice). Statistics in float32; the output has the input's dtype.
+    x and dy twice). Statistics in float32; the output has the input's dtype. A row whose float32
+    variance overflows (|x - mean| past ~1.8e19) gets rstd = 1 / sqrt(inf) = 0, i.e. the bias, as
+    in PyTorch's arithmetic; PyTorch's CPU kernel gives NaN there at some widths (an empty partial
+    merged as inf * 0, also when only the mean is large), which is not copied.
     """
-    n = _check(input, normalized_shape, weight, bias, rms=False)
-    if not _common.use_triton(input):
-        return torch.nn.functional.layer_norm(input, normalized_shape, weight, bias, eps)
+    n = _kernel_rows(input, normalized_shape, weight, bias, rms=False)
+    if n is None:
+        return F.layer_norm(input, normalized_shape, weight, bias, eps)
     return _run(input, n, weight, bias, eps, rms=False)
 
 
@@ -523,12 +565,13 @@ def rms_norm(
 ) -> torch.Tensor:
     """Drop-in for ``torch.nn.functional.rms_norm``: ``x / sqrt(mean(x^2) + eps) * weight``.
 
-    ``eps=None`` means ``torch.finfo(input.dtype).eps``, as in PyTorch. Same kernels and traffic as
-    :func:`layer_norm`, without the mean.
+    ``eps=None`` means the machine epsilon of the type the statistics are computed in, as in
+    PyTorch (``at::opmath_type``): float32's for float32, float16 and bfloat16 inputs. Same kernels
+    and traffic as :func:`layer_norm`, without the mean.
     """
-    n = _check(input, normalized_shape, weight, None, rms=True)
+    n = _kernel_rows(input, normalized_shape, weight, None, rms=True)
+    if n is None:
+        return F.rms_norm(input, normalized_shape, weight, eps)
     if eps is None:
-        eps = torch.finfo(input.dtype).eps
-    if not _common.use_triton(input):
-        return torch.nn.functional.rms_norm(input, normalized_shape, weight, eps)
+        eps = torch.finfo(torch.float32).eps  # the kernels' inputs are float32, float16 or bfloat16
     return _run(input, n, weight, None, eps, rms=True)

@@ -39,6 +39,15 @@ KINDS = {
     "gelu_mul": (GELU.value, True),
     "gelu_tanh_mul": (GELU_TANH.value, True),
 }
+#: kind -> the PyTorch expression it fuses: the fallback, and what double backward differentiates
+REFERENCES = {
+    "add_relu": lambda a, b: torch.relu(a + b),
+    "bias_gelu": lambda a, b: F.gelu(a + b),
+    "bias_gelu_tanh": lambda a, b: F.gelu(a + b, approximate="tanh"),
+    "silu_mul": lambda a, b: F.silu(a) * b,
+    "gelu_mul": lambda a, b: F.gelu(a) * b,
+    "gelu_tanh_mul": lambda a, b: F.gelu(a, approximate="tanh") * b,
+}
 # How the backward produces the second operand's gradient.
 DB_SAME, DB_FULL, DB_ROWSUM = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
@@ -338,10 +347,23 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     a, b = ctx.saved_tensors
+    if _common.builds_graph():  # double backward: PyTorch's differentiable gradients
+        return (*_reference_grads(ctx, dy, a, b), None)
     da, db = _common.call(_pointwise_backward_op, _pointwise_backward, dy, a, b, ctx.kind, ctx.a_shape, ctx.b_shape)
     if _shares_grad(ctx.kind, ctx.a_shape, ctx.b_shape):
         db = da  # additive kinds with equal shapes: one gradient tensor, as PyTorch's add returns
     return da, db, None
+
+
+def _reference_grads(ctx, dy, a, b):
+    """(da, db) differentiable again. add_relu saved its output y: da = db = dy where y > 0 (NaN
+    passes), summed to each operand's shape, by relu's own backward op (its derivative in y is 0).
+    The other kinds differentiate their PyTorch expression at (a, b)."""
+    needs = ctx.needs_input_grad[:2]
+    if ctx.kind == "add_relu":
+        g = torch.ops.aten.threshold_backward(dy, a, 0)
+        return [g.sum_to_size(shape) if need else None for need, shape in zip(needs, (ctx.a_shape, ctx.b_shape))]
+    return _common.reference_grads(REFERENCES[ctx.kind], (a, b), needs, dy)
 
 
 def _shares_grad(kind: str, a_shape: list[int], b_shape: list[int]) -> bool:
@@ -374,15 +396,16 @@ def _result_type(a: torch.Tensor, b) -> torch.dtype:
     return a.dtype if _category(a.dtype) >= 2 else torch.get_default_dtype()
 
 
-def _run(kind: str, a, b, reference):
-    """Promote dtypes as PyTorch does, then run the fused kernel (or the reference)."""
+def _run(kind: str, a, b):
+    """Promote dtypes as PyTorch does, then run the fused kernel (or the PyTorch reference)."""
     if not isinstance(a, torch.Tensor):
         raise TypeError(f"{kind}(): argument 'input' must be Tensor, not {type(a).__name__}")
     dtype = _result_type(a, b)
     if isinstance(b, numbers.Number) or (isinstance(b, torch.Tensor) and b.dim() == 0 and b.device != a.device):
         b = torch.as_tensor(b, dtype=dtype, device=a.device)
-    if dtype not in _common.FLOAT_DTYPES or not _common.use_triton(a):
-        return reference(a, b)
+    other_device = isinstance(b, torch.Tensor) and b.device != a.device  # PyTorch's error, or its rule
+    if dtype not in _common.FLOAT_DTYPES or other_device or not _common.use_triton(a):
+        return REFERENCES[kind](a, b)
     a, b = a.to(dtype), b.to(dtype)
     if not KINDS[kind][1] and b.shape != a.shape and torch.broadcast_shapes(a.shape, b.shape) == b.shape:
         a, b = b, a  # additive kinds commute: keep the full-size operand first
@@ -398,22 +421,22 @@ def _check_approximate(approximate: str) -> str:
 def add_relu(input: torch.Tensor, other) -> torch.Tensor:
     """``torch.relu(input + other)`` in one kernel (eager PyTorch runs two and moves 5 arrays, this
     moves 3). Broadcasting and dtype promotion as ``torch.add``; backward in one kernel too."""
-    return _run("add_relu", input, other, lambda a, b: torch.relu(a + b))
+    return _run("add_relu", input, other)
 
 
 def bias_gelu(input: torch.Tensor, bias, approximate: str = "none") -> torch.Tensor:
     """``F.gelu(input + bias, approximate=approximate)`` in one kernel; the bias (typically [N])
     broadcasts, and its gradient is reduced in the backward kernel."""
     suffix = _check_approximate(approximate)
-    return _run("bias_gelu" + suffix, input, bias, lambda a, b: F.gelu(a + b, approximate=approximate))
+    return _run("bias_gelu" + suffix, input, bias)
 
 
 def silu_mul(gate: torch.Tensor, up) -> torch.Tensor:
     """SwiGLU's ``F.silu(gate) * up`` in one kernel, forward and backward."""
-    return _run("silu_mul", gate, up, lambda a, b: F.silu(a) * b)
+    return _run("silu_mul", gate, up)
 
 
 def gelu_mul(gate: torch.Tensor, up, approximate: str = "none") -> torch.Tensor:
     """GeGLU's ``F.gelu(gate, approximate=approximate) * up`` in one kernel, forward and backward."""
     suffix = _check_approximate(approximate)
-    return _run("gelu" + suffix + "_mul", gate, up, lambda a, b: F.gelu(a, approximate=approximate) * b)
+    return _run("gelu" + suffix + "_mul", gate, up)

@@ -357,7 +357,20 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     (y,) = ctx.saved_tensors
+    if _common.builds_graph():  # double backward: the same formula in differentiable PyTorch ops
+        return _reference_grad(dy, y, ctx.log), None
     return _common.call(_softmax_backward_op, _softmax_backward, dy, y, ctx.log), None
+
+
+def _reference_grad(dy: torch.Tensor, y: torch.Tensor, log: bool) -> torch.Tensor:
+    """dx from the saved output y (itself differentiable through this op), in float32 as the
+    kernels compute it: softmax y * (dy - sum(dy * y)), log_softmax dy - exp(y) * sum(dy)."""
+    y32, dy32 = y.float(), dy.float()
+    if log:
+        dx = dy32 - y32.exp() * dy32.sum(-1, keepdim=True)
+    else:
+        dx = y32 * (dy32 - (dy32 * y32).sum(-1, keepdim=True))
+    return dx.to(y.dtype)
 
 
 _softmax_op.register_autograd(_backward, setup_context=_setup_context)
