@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from . import fusion
+from . import fusion, rewrites
 
 __all__ = ["Group", "Partition", "partition"]
 
@@ -72,6 +72,7 @@ class Partition:
 
 
 def partition(gm: fx.GraphModule) -> Partition:
+    rewrites.one_hot_indexing(gm)
     private_column_prologues(gm)
     state = _State(gm)
     for node in gm.graph.nodes:
@@ -101,7 +102,10 @@ class _State:
             self.eager[node] = reason
             return
         refused = []
-        for group in self._producer_groups(node) + self._sharing_groups(node):
+        # a reduction group first: the pointwise groups also feeding the node then merge into it
+        # as its full-size nodes (the picked logit of a cross-entropy joins its log-softmax)
+        producers = sorted(self._producer_groups(node), key=lambda g: g.kind != "reduction")
+        for group in producers + self._sharing_groups(node):
             role, why = fusion.role_in(group, node, kind)
             if role is None:
                 refused.append((node.name, f"not fused into {group.name}: {why}"))

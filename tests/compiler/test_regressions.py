@@ -202,3 +202,43 @@ def test_repeated_layers_share_one_kernel(tmp_path, monkeypatch):
     assert_close(torch.compile(two_layers, backend="kernelab")(x, w), two_layers(x, w), what="two layers")
     assert klc.events().kernels_launched == 2
     assert len(list((tmp_path / "compiler").glob("kl_fused_*.py"))) == 1
+
+
+def _ce(logits, target):
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), target.view(-1))
+
+
+def test_cross_entropy_picks_its_logit_in_the_log_softmax_kernel():
+    """gather(log_softmax, -1, target) is rewritten as a masked row sum: the forward is one row
+    kernel (plus the target mask and the mean), never writing the (rows, vocab) log-probabilities."""
+    logits, target = _r(2, 8, 50, grad=True), torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+    target[0, 0] = -100  # ignored
+    expected = _ce(logits, target)
+    expected.backward()
+    ref_grad = logits.grad.clone()
+    logits.grad = None
+    actual = torch.compile(_ce, backend="kernelab")(logits, target)
+    actual.backward()
+    assert_close(actual, expected, what="loss")
+    assert_close(logits.grad, ref_grad, what="gradient")
+    plan = klc.explain(_ce, logits.detach(), target)
+    forward = plan.graphs[0]
+    assert not any(op.startswith("aten.gather") for _, op, _ in forward.eager)
+    assert any("amax" in " ".join(g.ops) and "eq" in " ".join(g.ops) for g in forward.groups)
+
+
+def test_out_of_range_class_gives_nan_not_a_number():
+    """Eager stops on a class index outside [0, N); the rewritten gather would pick nothing, so it
+    gives NaN: loud, never a plausible loss."""
+    logits = _r(4, 10)
+    target = torch.tensor([1, 2, 13, 0])
+    assert torch.isnan(torch.compile(_ce, backend="kernelab")(logits, target))
+
+
+def test_scatter_of_one_value_per_row():
+    def put(x, idx, src):
+        return x.scatter(-1, idx, src) * 2 + x.scatter(-1, idx, 3.0)
+
+    x, src = _r(6, 9), _r(6, 1, seed=1)
+    idx = torch.tensor([[0], [8], [3], [3], [5], [1]])
+    assert_close(torch.compile(put, backend="kernelab")(x, idx, src), put(x, idx, src), what="scatter")
