@@ -217,28 +217,22 @@ def _images(gen, batch: int, side: int, classes: int):
     return images, torch.randint(0, classes, (batch,), generator=gen)
 
 
-def _vit(size, gen):
-    import timm
+def _timm(tiny: tuple, bench: tuple):
+    """A timm model's maker: (name, kwargs) for the tiny size and for the bench size."""
+    def make_for(size, gen):
+        import timm
 
-    if size == "tiny":  # vit_small_patch16_224's recipe at 32x32, patch 8 (16 patches + class token)
-        name, kw = "vit_small_patch16_224", dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4)
-        b, side, classes = 2, 32, 10
-    else:
-        name, kw, (b, side, classes) = "vit_base_patch16_224", {}, (32, 224, 1000)
-    make = lambda: _zero_dropout(timm.create_model(name, pretrained=False, num_classes=classes, **kw))  # noqa: E731
-    return make, _images(gen, b, side, classes)
+        name, kw = tiny if size == "tiny" else bench
+        b, side, classes = (2, 32, 10) if size == "tiny" else (32, 224, 1000)
+        make = lambda: _zero_dropout(timm.create_model(name, pretrained=False, num_classes=classes, **kw))  # noqa: E731
+        return make, _images(gen, b, side, classes)
+    return make_for
 
 
-def _convnext(size, gen):
-    import timm
-
-    if size == "tiny":
-        name, kw = "convnext_atto", dict(depths=(1, 1, 2, 1), dims=(16, 32, 48, 64))
-        b, side, classes = 2, 32, 10
-    else:
-        name, kw, (b, side, classes) = "convnext_tiny", {}, (32, 224, 1000)
-    make = lambda: _zero_dropout(timm.create_model(name, pretrained=False, num_classes=classes, **kw))  # noqa: E731
-    return make, _images(gen, b, side, classes)
+# vit_small_patch16_224's recipe at 32x32, patch 8 (16 patches + class token)
+_vit = _timm(("vit_small_patch16_224", dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4)),
+             ("vit_base_patch16_224", {}))
+_convnext = _timm(("convnext_atto", dict(depths=(1, 1, 2, 1), dims=(16, 32, 48, 64))), ("convnext_tiny", {}))
 
 
 def _resnet(size, gen):

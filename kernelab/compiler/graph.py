@@ -72,7 +72,7 @@ class Partition:
 
 
 def partition(gm: fx.GraphModule) -> Partition:
-    rewrites.one_hot_indexing(gm)
+    rewrites.rewrite(gm)
     private_column_prologues(gm)
     state = _State(gm)
     for node in gm.graph.nodes:

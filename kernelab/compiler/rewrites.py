@@ -25,9 +25,105 @@ import torch.fx as fx
 
 from . import fusion
 
-__all__ = ["one_hot_indexing"]
+__all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "rewrite"]
 
 aten = torch.ops.aten
+
+
+def rewrite(gm: fx.GraphModule) -> int:
+    """Every rewrite of this module, in order; how many nodes were rewritten."""
+    return fills_without_inputs(gm) + one_hot_indexing(gm) + casts_through_views(gm)
+
+
+def fills_without_inputs(gm: fx.GraphModule) -> int:
+    """``full_like(x, v)`` of a contiguous ``x`` -> ``full(shape, v)``. The fill reads nothing of
+    ``x`` but its shape, yet the edge to ``x`` made the fusion planner believe the kernel writing
+    ``x`` must run first: cross-entropy's backward kept its ``exp(x - lse)`` in a kernel of its own
+    (a float32 (rows, vocab) write and read) because the scatter's zero base hung off ``x``."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.full_like.default:
+            continue
+        val = fusion.value(node)
+        fill = node.args[1] if len(node.args) > 1 else node.kwargs.get("fill_value")
+        if not (isinstance(val, torch.Tensor) and hasattr(val, "fake_mode") and val.is_contiguous()
+                and all(isinstance(s, int) for s in val.shape) and isinstance(fill, (int, float, bool))):
+            continue
+        b = _Builder(gm, node, val)
+        node.replace_all_uses_with(b.op(aten.full.default, list(val.shape), fill, dtype=val.dtype, device=val.device))
+        count += 1
+    return _cleanup(gm, count)
+
+
+#: dtype conversions: elementwise, one tensor argument
+_CASTS = ("prims.convert_element_type.default", "aten._to_copy.default")
+#: views that only regroup the dims of a contiguous tensor
+_RESHAPES = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+
+
+def casts_through_views(gm: fx.GraphModule) -> int:
+    """``view(cast(x))`` -> ``cast(view(x))`` where the cast's only users are such views, and
+    ``cast(view(y))`` -> ``view(cast(y))`` where the view's only user is the cast. A reshape between
+    a cast and the kernel that reads it keeps them apart (a view that moves the values is written
+    first): HF's ``logits.float().view(-1, vocab)`` wrote the float32 logits, (rows, vocab), in a
+    kernel of its own before the loss, and the gradient's ``.view(B, S, vocab).to(bf16)`` wrote
+    them again in float32. Moved, the cast joins the kernel on the other side of the view."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or fusion.target_name(node) not in _CASTS or not _plain_cast(node):
+            continue
+        src = node.args[0]
+        views = list(node.users)
+        if views and _computed_by_aten(src) and all(fusion.target_name(v) in _RESHAPES and v.args[0] is node
+                                                    for v in views):
+            for v in views:
+                _swap(gm, v, view_args=(src, *v.args[1:]), cast=node)
+            count += 1
+        elif (isinstance(src, fx.Node) and fusion.target_name(src) in _RESHAPES and len(src.users) == 1
+              and isinstance(src.args[0], fx.Node) and not _computed_by_aten(src.args[0])
+              and fusion.value(src.args[0]).is_contiguous()):
+            b = _Builder(gm, node, fusion.value(node))
+            cast = b.op(node.target, src.args[0], *node.args[1:], **node.kwargs)
+            node.replace_all_uses_with(b.op(src.target, cast, *src.args[1:]))
+            count += 1
+    return _cleanup(gm, count)
+
+
+def _computed_by_aten(node) -> bool:
+    """An input or an ATen op's result (a matmul's logits): a cast of it fuses only downstream.
+    A cast of a generated value stays where it is, in its producer's kernel."""
+    if not isinstance(node, fx.Node):
+        return False
+    return node.op == "placeholder" or (node.op == "call_function" and fusion.classify(node)[0] == "eager")
+
+
+def _plain_cast(node) -> bool:
+    """A dtype change only (no device, layout or memory-format change) of a static-shape value."""
+    val, src = fusion.value(node), fusion.value(node.args[0])
+    if not (isinstance(val, torch.Tensor) and isinstance(src, torch.Tensor) and hasattr(val, "fake_mode")):
+        return False
+    kwargs = dict(node.kwargs)
+    same_place = kwargs.pop("layout", torch.strided) == torch.strided and \
+        kwargs.pop("device", src.device) == src.device and kwargs.pop("memory_format", None) is None
+    return same_place and set(kwargs) <= {"dtype"} and len(node.args) == 1 and \
+        all(isinstance(s, int) for s in val.shape)
+
+
+def _swap(gm, view, view_args, cast) -> None:
+    """``view`` (of ``cast``'s output) replaced by the same cast of the same view of its input."""
+    b = _Builder(gm, view, fusion.value(view))
+    try:
+        moved = b.op(view.target, *view_args)
+    except RuntimeError:  # the input cannot be viewed so (not contiguous): leave it
+        return
+    view.replace_all_uses_with(b.op(cast.target, moved, *cast.args[1:], **cast.kwargs))
+
+
+def _cleanup(gm, count: int) -> int:
+    if count:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return count
 
 
 def one_hot_indexing(gm: fx.GraphModule) -> int:
@@ -43,10 +139,7 @@ def one_hot_indexing(gm: fx.GraphModule) -> int:
         else:
             continue
         rewritten += 1
-    if rewritten:
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
-    return rewritten
+    return _cleanup(gm, rewritten)
 
 
 def _eligible(node, source, index) -> bool:

@@ -47,6 +47,23 @@ def split_views(x, w):
     return (heads[0] * heads[1]).sigmoid() + heads[2].tanh()
 
 
+def _loss_and_grad(fn, x, *rest):
+    """fn(x, *rest) (a scalar) and the gradient of x, eager then compiled: ((eager), (compiled))."""
+    results = []
+    for f in (fn, torch.compile(fn, backend="kernelab")):
+        x.grad = None
+        loss = f(x, *rest)
+        loss.backward()
+        results.append((loss.detach(), x.grad.clone()))
+    return results
+
+
+def _broken(message):
+    def fail(*args, **kwargs):
+        raise RuntimeError(message)
+    return fail
+
+
 PROGRAMS = {
     "tensor literal": (literal_scale, lambda: (_r(2, 3, grad=True),)),
     "x[:, 0] = 0": (zero_first_column, lambda: (_r(4, 5, grad=True),)),
@@ -141,11 +158,8 @@ def test_fallback_is_recorded_with_its_reason(monkeypatch):
     an event naming the reason; the values are eager's."""
     import kernelab.compiler.graph as graph
 
-    def broken(gm):
-        raise RuntimeError("planted planner bug")
-
     monkeypatch.delenv("KERNELAB_STRICT")
-    monkeypatch.setattr(graph, "partition", broken)
+    monkeypatch.setattr(graph, "partition", _broken("planted planner bug"))
     klc.reset_events()
     x = _r(8, 8)
     with pytest.warns(UserWarning, match="planted planner bug"):
@@ -158,10 +172,7 @@ def test_fallback_is_recorded_with_its_reason(monkeypatch):
 def test_strict_raises_instead_of_falling_back(monkeypatch):
     import kernelab.compiler.graph as graph
 
-    def broken(gm):
-        raise RuntimeError("planted planner bug")
-
-    monkeypatch.setattr(graph, "partition", broken)
+    monkeypatch.setattr(graph, "partition", _broken("planted planner bug"))
     with pytest.raises(Exception, match="planted planner bug"):
         torch.compile(lambda x: x.sin() * 2, backend="kernelab")(_r(8, 8))
 
@@ -175,11 +186,8 @@ def test_aot_failure_runs_the_graph_eagerly(monkeypatch):
     the dynamo graph runs as captured, with the reason recorded."""
     import torch._functorch.aot_autograd as aot
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("planted tracing bug")
-
     monkeypatch.delenv("KERNELAB_STRICT")
-    monkeypatch.setattr(aot, "aot_module_simplified", broken)
+    monkeypatch.setattr(aot, "aot_module_simplified", _broken("planted tracing bug"))
     klc.reset_events()
     x = _r(4, 4)
     with pytest.warns(UserWarning, match="planted tracing bug"):
@@ -213,14 +221,9 @@ def test_cross_entropy_picks_its_logit_in_the_log_softmax_kernel():
     kernel (plus the target mask and the mean), never writing the (rows, vocab) log-probabilities."""
     logits, target = _r(2, 8, 50, grad=True), torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
     target[0, 0] = -100  # ignored
-    expected = _ce(logits, target)
-    expected.backward()
-    ref_grad = logits.grad.clone()
-    logits.grad = None
-    actual = torch.compile(_ce, backend="kernelab")(logits, target)
-    actual.backward()
+    (expected, ref_grad), (actual, grad) = _loss_and_grad(_ce, logits, target)
     assert_close(actual, expected, what="loss")
-    assert_close(logits.grad, ref_grad, what="gradient")
+    assert_close(grad, ref_grad, what="gradient")
     plan = klc.explain(_ce, logits.detach(), target)
     forward = plan.graphs[0]
     assert not any(op.startswith("aten.gather") for _, op, _ in forward.eager)
@@ -242,3 +245,21 @@ def test_scatter_of_one_value_per_row():
     x, src = _r(6, 9), _r(6, 1, seed=1)
     idx = torch.tensor([[0], [8], [3], [3], [5], [1]])
     assert_close(torch.compile(put, backend="kernelab")(x, idx, src), put(x, idx, src), what="scatter")
+
+
+def test_upcast_logits_are_never_written_in_float32():
+    """HF's loss: ``logits.float().view(-1, V)`` then cross-entropy. The cast moves below the view
+    into the loss kernel (forward) and the gradient's cast back above its view (backward): no
+    kernel writes the float32 (rows, vocab) logits or their float32 gradient."""
+    def hf_loss(logits, target):
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), target.view(-1))
+
+    logits = _r(2, 8, 40).half().requires_grad_(True)
+    target = torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(3))
+    (expected, ref_grad), (actual, grad) = _loss_and_grad(hf_loss, logits, target)
+    assert_close(actual, expected, what="loss")
+    assert_close(grad, ref_grad, dtype=torch.float16, what="gradient")
+    plan = klc.explain(hf_loss, logits.detach(), target)
+    full = [k for k in plan.kernels if k.name.startswith("kl_fused_")
+            and any(w.dtype == "float32" and w.numel == logits.numel() for w in k.writes)]
+    assert not full, [k.name for k in full]
