@@ -18,11 +18,9 @@ import warnings
 
 import torch
 
-__all__ = ["kernelab_backend", "decompositions", "ACTIVE_PLAN", "KernelabFallbackWarning"]
+from .eventlog import ACTIVE_PLAN, record_fallback
 
-#: The plan recorder of a running ``plan_kernels`` / ``explain`` call (None otherwise). A plain
-#: slot, not a context variable: on CUDA the backward runs on autograd's device threads.
-ACTIVE_PLAN: list = [None]
+__all__ = ["kernelab_backend", "decompositions", "KernelabFallbackWarning"]
 
 
 class KernelabFallbackWarning(UserWarning):
@@ -99,8 +97,6 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     except Exception as exc:  # tracing or partitioning failed: the graph runs as dynamo captured it
         if strict():
             raise
-        from .eventlog import record_fallback
-
         why = f"aot_autograd failed on this graph ({type(exc).__name__}: {exc}): it runs eagerly"
         record_fallback("graph", "dynamo graph", why)
         _say_fallback(why)
@@ -197,8 +193,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
         part = graph.Partition([], {}, {n: "" for n in gm.graph.nodes}, [])
         runner = runtime.GraphRunner.build(gm, part, False)
         runnable, why = False, f"the compiler failed on this graph ({type(exc).__name__}: {exc}): it runs as ATen"
-        from .eventlog import record_fallback
-
         record_fallback("graph", kind, why)
     graph_plan = plan.GraphPlan.build(kind, gm, part, time.perf_counter() - t0, None if runnable else why)
     if _debug() >= 1:  # 1: a line per graph; 2: a line per group, op left to ATen, refusal

@@ -17,7 +17,13 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Events", "events", "reset_events", "record_launch", "record_fallback"]
+__all__ = ["Events", "events", "reset_events", "record_launch", "record_fallback", "ACTIVE_PLAN"]
+
+#: The plan recorder of a running ``plan_kernels`` / ``explain`` call (None otherwise), set by
+#: plan.py and read by the backend's compiled graphs. A plain slot, not a context variable: on CUDA
+#: the backward runs on autograd's device threads. Here, not in backend.py, so that plan.py and
+#: backend.py need not import each other.
+ACTIVE_PLAN: list = [None]
 
 
 @dataclass

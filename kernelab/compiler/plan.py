@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 from ..capture import OpTrace, Prepared, _function_outputs, _Recorder, _StorageIds
 from ..eager_rules import Context, KernelSpec, lower_eager
 from . import fusion
-from .backend import ACTIVE_PLAN
+from .eventlog import ACTIVE_PLAN
 from .runtime import run_reference
 
 __all__ = ["Plan", "GraphPlan", "GroupPlan", "explain", "plan_kernels", "plan_trace"]
