@@ -134,7 +134,7 @@ def _predicting(args) -> bool:
     return bool(args.predict) or not torch.cuda.is_available()
 
 
-def _timeout(args) -> float | None:
+def count_timeout(args) -> float | None:
     """Seconds allowed for one count; None: no limit."""
     if args.timeout is None:
         return TIMEOUT_PREDICT_S if _predicting(args) else TIMEOUT_MEASURE_S
@@ -159,7 +159,7 @@ def _specs(texts: list[str]):
         raise UserError(str(exc)) from exc
 
 
-def _count_inputs(args, module) -> tuple:
+def count_inputs(args, module) -> tuple:
     """The target's arguments. Predicting, they are meta tensors: shapes and dtypes only, so any
     size costs nothing (``--input 1e11`` allocates no 400 GB)."""
     import torch
@@ -236,7 +236,7 @@ def _counting(args, calls: int):
     """Around the counts of a command: exceptions blamed on their owner, and a watchdog that ends
     the process when the target is stuck where the per-count alarm cannot interrupt it (inside a
     C call that never returns)."""
-    timeout = _timeout(args)
+    timeout = count_timeout(args)
     watchdog = None
     if timeout:
         limit = timeout * max(calls, 1) + WATCHDOG_GRACE_S
@@ -271,7 +271,7 @@ def _run_counts(target, inputs, args, name: str):
 def cmd_count(args) -> int:
     _check_writable(args.json, "--json")
     target, module = _load(args.target)
-    inputs = _count_inputs(args, module)
+    inputs = count_inputs(args, module)
     comparison = _run_counts(target, inputs, args, args.target.rpartition(":")[2])
     _console().print(comparison)
     _write_json(args.json, comparison.to_dict())

@@ -236,10 +236,10 @@ def test_predicting_allocates_nothing_whatever_the_size(target_file, tmp_path, c
 
 
 def test_inputs_are_meta_tensors_when_predicting(target_file):
-    from kernelab.cli import _count_inputs, build_parser
+    from kernelab.cli import count_inputs, build_parser
 
     args = build_parser().parse_args(["count", f"{target_file}:add_relu", "--input", "10x3:bf16", "--predict"])
-    (x,) = _count_inputs(args, None)
+    (x,) = count_inputs(args, None)
     assert x.is_meta and x.shape == (10, 3) and x.dtype == torch.bfloat16
     args = build_parser().parse_args(["count", f"{target_file}:add_relu", "--predict"])
     import importlib.util
@@ -247,7 +247,7 @@ def test_inputs_are_meta_tensors_when_predicting(target_file):
     spec = importlib.util.spec_from_file_location("prog_for_meta", target_file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    a, b = _count_inputs(args, module)  # example_inputs() is called on the meta device, like sweep_inputs(n)
+    a, b = count_inputs(args, module)  # example_inputs() is called on the meta device, like sweep_inputs(n)
     assert a.is_meta and b.is_meta and a.shape == (1000,)
 
 
@@ -259,14 +259,14 @@ def test_a_target_that_never_returns_times_out(bad_file, capsys):
 
 
 def test_timeout_defaults_differ_for_measuring_and_predicting(target_file):
-    from kernelab.cli import TIMEOUT_MEASURE_S, TIMEOUT_PREDICT_S, _timeout, build_parser
+    from kernelab.cli import TIMEOUT_MEASURE_S, TIMEOUT_PREDICT_S, count_timeout, build_parser
 
     parse = build_parser().parse_args
-    assert _timeout(parse(["count", "x.py:f", "--predict"])) == TIMEOUT_PREDICT_S
-    assert _timeout(parse(["count", "x.py:f", "--predict", "--timeout", "0"])) is None
-    assert _timeout(parse(["sweep", "x.py:f", "--predict", "--timeout", "12.5"])) == 12.5
+    assert count_timeout(parse(["count", "x.py:f", "--predict"])) == TIMEOUT_PREDICT_S
+    assert count_timeout(parse(["count", "x.py:f", "--predict", "--timeout", "0"])) is None
+    assert count_timeout(parse(["sweep", "x.py:f", "--predict", "--timeout", "12.5"])) == 12.5
     if not torch.cuda.is_available():
-        assert _timeout(parse(["count", "x.py:f"])) == TIMEOUT_PREDICT_S  # no GPU: it predicts
+        assert count_timeout(parse(["count", "x.py:f"])) == TIMEOUT_PREDICT_S  # no GPU: it predicts
     assert TIMEOUT_MEASURE_S > 0
 
 

@@ -76,9 +76,7 @@ def casts_through_views(gm: fx.GraphModule) -> int:
         views = list(node.users)
         if views and _computed_by_aten(src) and all(fusion.target_name(v) in _RESHAPES and v.args[0] is node
                                                     for v in views):
-            for v in views:
-                _swap(gm, v, view_args=(src, *v.args[1:]), cast=node)
-            count += 1
+            count += sum(_swap(gm, v, view_args=(src, *v.args[1:]), cast=node) for v in views)
         elif (isinstance(src, fx.Node) and fusion.target_name(src) in _RESHAPES and len(src.users) == 1
               and isinstance(src.args[0], fx.Node) and not _computed_by_aten(src.args[0])
               and fusion.value(src.args[0]).is_contiguous()):
@@ -109,14 +107,16 @@ def _plain_cast(node) -> bool:
         all(isinstance(s, int) for s in val.shape)
 
 
-def _swap(gm, view, view_args, cast) -> None:
-    """``view`` (of ``cast``'s output) replaced by the same cast of the same view of its input."""
+def _swap(gm, view, view_args, cast) -> bool:
+    """``view`` (of ``cast``'s output) replaced by the same cast of the same view of its input;
+    False (nothing changed) where the input cannot be viewed so (not contiguous)."""
     b = _Builder(gm, view, fusion.value(view))
     try:
         moved = b.op(view.target, *view_args)
-    except RuntimeError:  # the input cannot be viewed so (not contiguous): leave it
-        return
+    except RuntimeError:
+        return False
     view.replace_all_uses_with(b.op(cast.target, moved, *cast.args[1:], **cast.kwargs))
+    return True
 
 
 def _cleanup(gm, count: int) -> int:
@@ -169,8 +169,12 @@ class _Builder:
         with self.gm.graph.inserting_before(self.anchor):
             node = self.gm.graph.call_function(target, args, kwargs)
         vals = fx.node.map_arg((args, kwargs), fusion.value)
-        with self.fake_mode:
-            node.meta["val"] = target(*vals[0], **vals[1])
+        try:
+            with self.fake_mode:
+                node.meta["val"] = target(*vals[0], **vals[1])
+        except Exception:  # the op does not apply to these values: leave the graph as it was
+            self.gm.graph.erase_node(node)
+            raise
         return node
 
     def scalar(self, value, dtype) -> fx.Node:
