@@ -6,6 +6,7 @@ Without CUDA and without ``TRITON_INTERPRET=1`` the ops run their PyTorch refere
 """
 
 from .cross_entropy import cross_entropy
+from .linear import linear, swiglu_linear
 from .norms import layer_norm, rms_norm
 from .pointwise import add_relu, bias_gelu, gelu_mul, silu_mul
 from .softmax import log_softmax, softmax
@@ -20,4 +21,6 @@ __all__ = [
     "layer_norm",
     "rms_norm",
     "cross_entropy",
+    "linear",
+    "swiglu_linear",
 ]

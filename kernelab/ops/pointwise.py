@@ -118,6 +118,10 @@ def _act_grad(z, ACT: tl.constexpr):
         return s * (1.0 + z * (1.0 - s))
 
 
+#: The activation and its derivative, shared with the GEMM epilogues of ``kernelab.ops.gemm``.
+activation, activation_grad = _act, _act_grad
+
+
 @triton.jit
 def _tile(pid_n, rows_start, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr):
     """Row and column indices of a tile; int64 when some offset can pass 2^31."""
