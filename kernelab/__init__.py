@@ -7,13 +7,14 @@ Public API (imported lazily: ``import kernelab`` does no work):
 * :func:`sweep` -- time against size for several modes, with the size where fusion starts to pay
 * :func:`compile` / :func:`explain` -- ``torch.compile(fn, backend="kernelab")`` and its readable plan
 * :mod:`kernelab.ops` -- fused Triton kernels, drop-ins for ``torch.nn.functional``
+* :func:`patch` / :func:`unpatch` -- a model's norms, gated MLPs and loss swapped for those kernels, in place
 """
 from __future__ import annotations
 
 import importlib
 
 __version__ = "0.1.0"
-__all__ = ["count", "compare", "sweep", "explain", "compile", "Report", "ops", "__version__"]
+__all__ = ["count", "compare", "sweep", "explain", "compile", "Report", "ops", "patch", "unpatch", "__version__"]
 
 _LAZY = {
     "count": ("kernelab.api", "count"),
@@ -23,6 +24,8 @@ _LAZY = {
     "compile": ("kernelab.compiler", "compile"),
     "Report": ("kernelab.report", "Report"),
     "ops": ("kernelab.ops", None),
+    "patch": ("kernelab.patching", "patch"),
+    "unpatch": ("kernelab.patching", "unpatch"),
 }
 
 
