@@ -18,7 +18,8 @@ from .capture import OpTrace, capture
 from .eager_rules import MEMOPS, Context, KernelSpec, lower_eager
 from .errors import KernelabError, TargetTimeout
 from .report import Kernel, Report, debug_level, render_text
-from .traffic import ideal_bytes, kernel_bytes, largest_array_bytes, round_trips
+from .attribution import align_modules
+from .traffic import bytes_over_ideal, ideal_bytes, kernel_bytes, largest_array_bytes, round_trips
 
 MODES = ("eager", "inductor", "kernelab")
 
@@ -134,22 +135,38 @@ def _profile(name: str | None) -> hardware.DeviceProfile:
         raise KernelabError(str(exc)) from None
 
 
-def _traffic_fields(trace: OpTrace, specs: list[KernelSpec], ctx: Context, mode: str, target, args, kwargs) -> dict:
-    """Round trips are the mode's own; the largest array and the ideal traffic belong to the
-    function, so every mode reads them off the same eager capture of it. kernelab's trace comes
-    from the compiler's graphs (decomposed, functionalized), so that mode captures the function
-    once more, with fake tensors (nothing runs)."""
+def _eager_view(trace: OpTrace, specs: list[KernelSpec], ctx: Context, mode: str, target, args,
+                kwargs) -> tuple[OpTrace, list[KernelSpec]]:
+    """The function's eager capture and kernels, which every mode reads the function's own facts
+    off: the largest array, the ideal traffic, the modules. kernelab's trace comes from the
+    compiler's graphs (decomposed, functionalized), so that mode captures the function once more,
+    with fake tensors (nothing runs)."""
     if mode == "kernelab":
         trace = capture(target, args, kwargs, fake=True)
-    eager = specs if mode == "eager" else lower_eager(trace, ctx)
-    return {"largest_array_bytes": largest_array_bytes(trace, eager), "ideal_bytes": ideal_bytes(trace, eager),
-            "round_trips": round_trips(specs)}
+    return trace, specs if mode == "eager" else lower_eager(trace, ctx)
+
+
+def _traffic_fields(trace: OpTrace, specs: list[KernelSpec], eager: tuple[OpTrace, list[KernelSpec]]) -> dict:
+    """Round trips are the mode's own; the largest array and the ideal traffic the function's."""
+    eager_trace, eager_specs = eager
+    return {"largest_array_bytes": largest_array_bytes(eager_trace, eager_specs),
+            "ideal_bytes": ideal_bytes(eager_trace, eager_specs), "round_trips": round_trips(specs),
+            "module_types": dict(eager_trace.module_types)}
+
+
+def _attribute_compiled(specs: list[KernelSpec], mode: str, eager_specs: list[KernelSpec], notes: list[str]) -> None:
+    """kernelab's plan names no modules: its kernels take those of the eager kernels they replace."""
+    if mode == "kernelab" and specs and not any(s.modules for s in specs):
+        align_modules(specs, eager_specs)
+        notes.append("modules of kernelab's kernels are those of the eager kernels they replace, aligned in "
+                     "launch order (the compiler's plan does not carry module metadata yet)")
 
 
 def _to_kernel(spec: KernelSpec, **kw) -> Kernel:
     read, written = kernel_bytes(spec)
     return Kernel(spec.name, spec.category, list(spec.ops), read, written, spec.flops,
-                  confidence=spec.confidence, reason=spec.reason, **kw)
+                  confidence=spec.confidence, reason=spec.reason, modules=list(spec.modules), source=spec.source,
+                  backward=spec.backward, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,15 +240,18 @@ def _meta_module_for_meta_args(target, args, kwargs):
 
 
 def _predict(target, args, kwargs, mode, profile, name) -> Report:
-    trace, specs = _trace_and_kernels(target, args, kwargs, mode, Context(profile.arch), fake=True)
+    ctx = Context(profile.arch)
+    trace, specs = _trace_and_kernels(target, args, kwargs, mode, ctx, fake=True)
+    eager = _eager_view(trace, specs, ctx, mode, target, args, kwargs)
+    notes = [f"predicted from the {profile.name} profile; nothing ran"]
+    _attribute_compiled(specs, mode, eager[1], notes)
     times = [predicted_kernel_us(s, profile) for s in specs]
-    kernels = [_to_kernel(s, time_us=t, ceiling_bytes_per_s=profile.copy_bandwidth,
+    kernels = [_to_kernel(s, time_us=t, ceiling_bytes_per_s=profile.copy_bandwidth, bytes_over_ideal=over,
                           ceiling_flops=profile.matmul_flops.get(_matmul_dtype(s)))
-               for s, t in zip(specs, times)]
+               for s, t, over in zip(specs, times, bytes_over_ideal(trace, specs))]
     return Report(mode, name, False, f"{profile.name} (profile: {profile.source})", kernels,
-                  wall_time_us=predicted_wall_us(mode, times, profile),
-                  notes=[f"predicted from the {profile.name} profile; nothing ran"],
-                  **_traffic_fields(trace, specs, Context(profile.arch), mode, target, args, kwargs))
+                  wall_time_us=predicted_wall_us(mode, times, profile), notes=notes,
+                  **_traffic_fields(trace, specs, eager))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +289,7 @@ def attribute(measured: list, specs: list[KernelSpec], mode: str) -> list[tuple[
     return pairs
 
 
-def _measured_kernel(dk, spec: KernelSpec | None, ceilings: hardware.Ceilings) -> Kernel:
+def _measured_kernel(dk, spec: KernelSpec | None, ceilings: hardware.Ceilings, over: int = 0) -> Kernel:
     from .measure import ops_from_inductor_name
 
     category = dk.category if dk.kind == "kernel" else dk.kind
@@ -278,7 +298,7 @@ def _measured_kernel(dk, spec: KernelSpec | None, ceilings: hardware.Ceilings) -
         k = Kernel(dk.name, category, ops, confidence="low",
                    reason="not paired with a predicted kernel: bytes not attributed")
     else:
-        k = _to_kernel(spec)
+        k = _to_kernel(spec, bytes_over_ideal=over)
         k.name, k.category = dk.name, category
     k.time_us, k.measured = dk.duration_us, True
     k.ceiling_bytes_per_s = ceilings.copy_bandwidth
@@ -320,14 +340,34 @@ def _measure(target, args, kwargs, mode, name) -> Report:
     gpu = torch.cuda.get_device_name()
     ctx = Context(torch.cuda.get_device_capability())
     trace, specs = _trace_and_kernels(target, args, kwargs, mode, ctx, fake=mode == "kernelab")
+    eager = _eager_view(trace, specs, ctx, mode, target, args, kwargs)
+    ceilings = hardware.cached_or_copy_only()
+    notes = [f"measured on {gpu}, torch {torch.__version__}; ceilings: copy {ceilings.copy_bandwidth / 1e12:.2f} TB/s"]
+    _attribute_compiled(specs, mode, eager[1], notes)
     prepared = prepare_on_device(target, tuple(args), "cuda")
     fn = _compiled(prepared.fn, mode)
     measured = measure_kernels(fn, prepared.args, reset=_cold_cache_reset(prepared))
-    ceilings = hardware.cached_or_copy_only()
-    kernels = [_measured_kernel(dk, spec, ceilings) for dk, spec in attribute(measured, specs, mode)]
+    over = {id(s): o for s, o in zip(specs, bytes_over_ideal(trace, specs))}
+    kernels = [_measured_kernel(dk, spec, ceilings, over.get(id(spec), 0))
+               for dk, spec in attribute(measured, specs, mode)]
+    modules_from_neighbours(kernels)
     wall = time_call(lambda: fn(*prepared.args), prepared.reset_grads)
-    notes = [f"measured on {gpu}, torch {torch.__version__}; ceilings: copy {ceilings.copy_bandwidth / 1e12:.2f} TB/s"]
-    return Report(mode, name, True, gpu, kernels, wall_time_us=wall, notes=notes, **_traffic_fields(trace, specs, ctx, mode, target, args, kwargs))
+    return Report(mode, name, True, gpu, kernels, wall_time_us=wall, notes=notes, **_traffic_fields(trace, specs, eager))
+
+
+def modules_from_neighbours(kernels: list[Kernel]) -> None:
+    """A measured kernel no predicted one paired with takes the modules of the kernel launched
+    before it (the first ones: after), so that every kernel has a module; its reason says so."""
+    known = [i for i, k in enumerate(kernels) if k.modules]
+    if not known:
+        return
+    for i, k in enumerate(kernels):
+        if k.modules:
+            continue
+        before = [j for j in known if j < i]
+        neighbour = kernels[before[-1] if before else known[0]]
+        k.modules, k.source, k.backward = list(neighbour.modules), neighbour.source, neighbour.backward
+        k.reason += "; module taken from the kernel launched next to it"
 
 
 # ---------------------------------------------------------------------------------------------

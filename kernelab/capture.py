@@ -26,6 +26,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .attribution import Attributor, Site
+
 # Ops that only describe tensors: they never reach a device.
 _IGNORED_NAMESPACES = ("prim",)
 
@@ -91,6 +93,9 @@ class OpRecord:
     is_view: bool  # output aliases an input, nothing is computed
     backward: bool  # ran inside the autograd engine
     args: dict[str, Any] = field(default_factory=dict)  # schema argument name -> value (tensors as TensorInfo)
+    module: str | None = None  # nn.Module path that ran it (backward: whose forward it differentiates);
+    # "" the target itself, None when nobody tracked modules (a compiled graph's ops)
+    source: str = ""  # the user's source line, "file.py:42" (backward: the forward op's line)
 
     @property
     def packet(self) -> str:
@@ -116,6 +121,7 @@ class OpTrace:
     inputs: list[TensorInfo]  # argument tensors, module parameters and buffers
     outputs: list[TensorInfo]  # returned tensors, tensors mutated in place, gradients produced
     device: str
+    module_types: dict[str, str] = field(default_factory=dict)  # module path -> class name
 
     def __iter__(self):
         return iter(self.ops)
@@ -198,11 +204,12 @@ def _is_view(func) -> bool:
 class _Recorder(TorchDispatchMode):
     """Records every op; ops inside a device-specific functional call are folded into that call."""
 
-    def __init__(self, ids: _StorageIds):
+    def __init__(self, ids: _StorageIds, attributor: Attributor | None = None):
         super().__init__()
         self.ids = ids
         self.ops: list[OpRecord] = []
         self.suppress = 0
+        self.attributor = attributor  # module and source line of each op (None: not tracked)
 
     def tensor_infos(self, tree) -> list[TensorInfo]:
         return [self.ids.info(t) for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
@@ -237,10 +244,12 @@ class _Recorder(TorchDispatchMode):
                     mutated=[self.ids.info(m) for m in mutated], written=written, is_view=_is_view(func))
 
     def append(self, name, args_by_name, inputs, out, mutated=(), written=frozenset(), is_view=False) -> None:
+        site = self.attributor.site() if self.attributor is not None else Site(None)
         self.ops.append(OpRecord(
             index=len(self.ops), name=name, inputs=self.tensor_infos(inputs),
             outputs=_without(self.tensor_infos(out), written), mutated=list(mutated), is_view=is_view,
-            backward=torch._C._current_autograd_node() is not None, args=args_by_name))
+            backward=torch._C._current_autograd_node() is not None, args=args_by_name,
+            module=site.module, source=site.source))
 
 
 def _without(infos: list[TensorInfo], regions: set) -> list[TensorInfo]:
@@ -300,6 +309,7 @@ class Prepared:
     call: Callable[[], Any]
     input_tensors: list[torch.Tensor]  # args, parameters and buffers as the function sees them
     grad_leaves: list[torch.Tensor]  # tensors whose .grad the function may fill
+    root: torch.nn.Module | None = None  # the module called (module paths are relative to it)
 
 
 def _to_fake(t, mode):
@@ -338,15 +348,16 @@ def prepare(target, args, kwargs, *, fake_mode=None, device=None) -> Prepared:
         raise ValueError(f"the target must be a function or an nn.Module, got {type(target).__name__}")
     if fake_mode is not None:
         fn, (fargs, fkwargs), extra = _fake_target(target, args, kwargs, fake_mode)
+        root = target if isinstance(target, torch.nn.Module) else None
     else:
         from .targets import prepare_on_device
 
         moved = prepare_on_device(target, tuple(args), device)
-        fn, fargs, fkwargs = moved.fn, moved.args, kwargs
+        fn, fargs, fkwargs, root = moved.fn, moved.args, kwargs, moved.module
         extra = list(_module_state(moved.module).values()) if moved.module is not None else []
     tensors = [t for t in pytree.tree_leaves((fargs, fkwargs)) if isinstance(t, torch.Tensor)] + extra
     leaves = [t for t in tensors if t.requires_grad and t.is_leaf]
-    return Prepared(lambda: fn(*fargs, **fkwargs), tensors, leaves)
+    return Prepared(lambda: fn(*fargs, **fkwargs), tensors, leaves, root)
 
 
 def reset_grads(prepared: Prepared) -> None:
@@ -359,7 +370,8 @@ def capture(target, args=(), kwargs=None, *, fake: bool = True, device=None) -> 
     """Run ``target(*args, **kwargs)`` once under the recorder and return the trace.
 
     With ``fake=True`` nothing runs; CPU tensors among the inputs (and a module's parameters)
-    stand for CUDA tensors of the same shape, dtype and strides.
+    stand for CUDA tensors of the same shape, dtype and strides. Every op carries the module
+    path that ran it and the user's source line (see ``kernelab.attribution``).
     """
     kwargs = kwargs or {}
     ids = _StorageIds()
@@ -373,10 +385,12 @@ def capture(target, args=(), kwargs=None, *, fake: bool = True, device=None) -> 
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
         with fake_mode:
             prepared = prepare(target, args, kwargs, fake_mode=fake_mode)
-        modes = [fake_mode, _DeviceSpecificCalls(recorder), recorder]
     else:
         prepared = prepare(target, args, kwargs, device=device)
-        modes = [recorder]
+    recorder.attributor = Attributor(prepared.root)
+    # the attributor: module hooks, and a function mode that tags the autograd nodes of each torch call
+    modes = [fake_mode, recorder.attributor, _DeviceSpecificCalls(recorder), recorder] if fake else \
+        [recorder.attributor, recorder]
     inputs = [ids.info(t) for t in prepared.input_tensors]
     with contextlib.ExitStack() as stack:
         for m in modes:
@@ -384,7 +398,7 @@ def capture(target, args=(), kwargs=None, *, fake: bool = True, device=None) -> 
         result = _call(prepared, fake)
     outputs = _function_outputs(result, recorder, prepared, ids)
     trace_device = "cuda" if fake else str(device or "cpu")
-    return OpTrace(recorder.ops, inputs, outputs, trace_device)
+    return OpTrace(recorder.ops, inputs, outputs, trace_device, dict(recorder.attributor.types))
 
 
 class DataDependentError(RuntimeError):

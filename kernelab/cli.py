@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 from .errors import KernelabError
+from .module_tree import SORTS
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # sysexits.h EX_SOFTWARE: an internal software error
@@ -89,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", default=[], metavar="SPEC",
                    help="input spec: 1000000, 32x4096:bf16, int64[0,1000):512, 64x64:f32:grad (repeat per argument);"
                         " default: example_inputs() in the target's file")
+    p.add_argument("--by", choices=("kernel", "module"), default="kernel",
+                   help="kernel: one row per kernel (default); module: a tree of the nn.Modules that launched them")
+    p.add_argument("--sort", choices=SORTS, default="time",
+                   help="with --by module, order each module's children by time, waste (bytes over ideal, round "
+                        "trips) or ceiling (time lost below the ceiling); default time")
     _add_common(p)
     p = sub.add_parser("sweep", help="time against size, eager vs compiled, with the crossover size")
     p.add_argument("target")
@@ -273,7 +279,12 @@ def cmd_count(args) -> int:
     target, module = _load(args.target)
     inputs = count_inputs(args, module)
     comparison = _run_counts(target, inputs, args, args.target.rpartition(":")[2])
-    _console().print(comparison)
+    console = _console()
+    if args.by == "module":
+        for report in comparison.reports.values():
+            console.print(report.module_tree(sort=args.sort))
+    else:
+        console.print(comparison)
     _write_json(args.json, comparison.to_dict())
     return 0
 

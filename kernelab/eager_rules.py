@@ -35,6 +35,9 @@ class KernelSpec:
     confidence: str = "high"
     reason: str = ""
     share: int = 1  # the op's work is split over this many launches; this kernel does one share
+    modules: list[str] = field(default_factory=list)  # nn.Module paths of the ops it covers, in order
+    source: str = ""  # the user's source line of its (first) op
+    backward: bool = False  # part of the backward pass
 
     @property
     def kind(self) -> str:
@@ -217,7 +220,7 @@ def to_copy(op, ctx):
 
 
 def _gemm_flops(op: OpRecord) -> float:
-    out = op.outputs[0]
+    out = op.written[0]  # the returned product, or the ``out=`` buffer it is written into
     a = op.args.get("mat1") or op.args.get("self") or op.args.get("batch1")
     k = a.shape[-1] if isinstance(a, TensorInfo) and a.shape else 1
     return 2.0 * out.numel * k
@@ -557,5 +560,7 @@ def lower_eager(trace: OpTrace, ctx: Context | None = None) -> list[KernelSpec]:
             if why:
                 spec.reason = why
             spec.ops = [op.short]
+            spec.modules = [op.module] if op.module is not None else []
+            spec.source, spec.backward = op.source, op.backward
             kernels.extend(_split_for_int32(spec))
     return kernels

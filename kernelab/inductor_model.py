@@ -24,6 +24,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 
+from .attribution import unique
 from .capture import OpRecord, OpTrace, TensorInfo
 from .report import debug_level
 from .eager_rules import (
@@ -93,6 +94,7 @@ class Node:
     specs: list = field(default_factory=list)  # extern only: the library kernels
     category: str = ""  # overrides the group's category (scatter kernels are "pointwise")
     alone: bool = False  # never fused (scatters, scans, eager fills)
+    covers: list = field(default_factory=list)  # indices of the trace ops it computes (inlined ones too)
 
     @property
     def total(self) -> int:
@@ -307,7 +309,10 @@ class _Builder:
                 continue  # inlined into its consumers
             reads, inlined = _sources(op.index, self.values, self.realized)
             names = [self.ops[i].short for i in inlined] + [op.short]
-            out.extend(self.expand(op, kind, reads, writes, names))
+            covers = sorted(set(inlined + [op.index] + self.attention.get(op.index, [])))
+            for node in self.expand(op, kind, reads, writes, names):
+                node.covers = covers
+                out.append(node)
         return out
 
     def expand(self, op, kind, reads, writes, names) -> list[Node]:
@@ -477,6 +482,16 @@ class _Scheduler:
         return None
 
 
+def _attribute(spec: KernelSpec, nodes: list, ops: list) -> KernelSpec:
+    """The modules of every op the kernel computes, in program order (a fused kernel may span
+    several), and the first op's source line."""
+    covered = [ops[i] for i in sorted({i for n in nodes for i in n.covers})]
+    spec.modules = unique(op.module for op in covered if op.module is not None)
+    spec.source = next((op.source for op in covered if op.source), "")
+    spec.backward = any(op.backward for op in covered)
+    return spec
+
+
 def _group_kernel(group: Group, info: dict, needed: set) -> KernelSpec:
     """One Triton kernel: reads what comes from outside the group, writes what is needed outside
     it (values consumed only inside the kernel, like softmax's row max, stay in registers)."""
@@ -513,10 +528,11 @@ def predict_inductor(trace: OpTrace, ctx: Context | None = None) -> list[KernelS
     specs: list[KernelSpec] = []
     for entry in _phase_order(ordered, late):
         if isinstance(entry, Group):
-            specs.append(_group_kernel(entry, builder.values.info, needed))
+            specs.append(_attribute(_group_kernel(entry, builder.values.info, needed), entry.nodes, trace.ops))
         else:
             for spec in entry.specs:
                 spec.reads = spec.reads or [builder.values.info[k] for k in entry.reads if k in builder.values.info]
+                _attribute(spec, [entry], trace.ops)
             specs.extend(entry.specs)
     return specs
 

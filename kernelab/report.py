@@ -6,20 +6,33 @@ JSON (``Report.to_dict()``, ``kernelab count --json``), schema version 1::
      "device": "h200 (predicted)", "totals": {num_kernels, num_memops, bytes_read, bytes_written,
      bytes, transfers, ideal_bytes, ideal_transfers, fusion_headroom, round_trips, time_us},
      "kernels": [{name, category, kind, ops, launches, bytes_read, bytes_written, flops,
-                  time_us, gbps, tflops, pct_of_ceiling, measured, confidence, reason}],
-     "round_trips": [{storage, shape, dtype, writer, readers, bytes}], "notes": [...]}
+                  time_us, gbps, tflops, pct_of_ceiling, measured, confidence, reason,
+                  module, modules, source, backward, bytes_over_ideal}],
+     "round_trips": [{storage, shape, dtype, writer, readers, bytes}], "notes": [...],
+     "module_types": {path: class name},
+     "modules": {path, type, kernels: [kernel indices], own: {...}, totals: {kernels, memops,
+                 backward, bytes, bytes_over_ideal, round_trips, time_us, pct_of_ceiling,
+                 time_below_ceiling_us}, children: [...]}}
+
+The module fields were added to version 1 (nothing removed or changed): ``module`` is the path of
+the nn.Module that launched the kernel ("" is the target itself), ``modules`` every module a fused
+kernel spans, ``source`` the user's line (``file.py:42``); ``Report.from_dict`` reads both forms.
 
 Every time and rate says whether it was measured or predicted (``measured``); bytes and FLOPs are
 always counted from the op trace (compulsory traffic), never read from hardware counters.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import os
 import re
 import shutil
 from dataclasses import dataclass, field
+
+from .module_tree import ModuleNode, build_tree, common_module, wasters_line
+from .module_tree import render as render_tree
 
 SCHEMA_VERSION = 1
 
@@ -47,6 +60,15 @@ class Kernel:
     ceiling_flops: float | None = None
     confidence: str = "high"
     reason: str = ""
+    modules: list[str] = field(default_factory=list)  # nn.Module paths of its ops ("" the target)
+    source: str = ""  # the user's source line of its (first) op, "file.py:42"
+    backward: bool = False  # differentiates the forward of ``module``
+    bytes_over_ideal: int = 0  # bytes a fully fused version of the function would not move
+
+    @property
+    def module(self) -> str:
+        """The module it belongs to: the innermost one holding every module it spans."""
+        return common_module(self.modules)
 
     @property
     def kind(self) -> str:
@@ -98,7 +120,7 @@ class Kernel:
         """The per-kernel line of KERNELAB_DEBUG=2 (same fields as a table row)."""
         how = "measured" if self.measured else "predicted"
         return (f"{self.category:<10} {fmt_bytes(self.bytes_read):>9} read {fmt_bytes(self.bytes_written):>9} written "
-                f"{_fmt_time(self.time_us):>9} {how}  {self.name} [{','.join(self.ops)}]"
+                f"{fmt_time(self.time_us):>9} {how}  {self.name} [{','.join(self.ops)}]"
                 + (f"  ({self.reason})" if self.reason else ""))
 
     def to_dict(self) -> dict:
@@ -107,8 +129,21 @@ class Kernel:
             "launches": self.launches, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
             "flops": self.flops, "time_us": self.time_us, "gbps": self.gbps, "tflops": self.tflops,
             "pct_of_ceiling": self.pct_of_ceiling, "bound": self.bound, "measured": self.measured,
-            "confidence": self.confidence, "reason": self.reason,
+            "confidence": self.confidence, "reason": self.reason, "module": self.module,
+            "modules": self.modules, "source": self.source, "backward": self.backward,
+            "bytes_over_ideal": self.bytes_over_ideal,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Kernel":
+        """A kernel from ``to_dict()`` (computed fields are recomputed, not read)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        k = cls(**{key: value for key, value in d.items() if key in names})
+        if not k.modules and d.get("module") is not None:
+            k.modules = [d["module"]]
+        if d.get("time_us") and d.get("pct_of_ceiling") is not None:  # the ceiling it was a share of
+            k.ceiling_bytes_per_s, k.ceiling_flops = _ceiling_from(d)
+        return k
 
 
 @dataclass
@@ -123,6 +158,7 @@ class Report:
     round_trips: list = field(default_factory=list)  # traffic.RoundTrip
     wall_time_us: float | None = None  # one whole call, host overhead included
     notes: list[str] = field(default_factory=list)
+    module_types: dict[str, str] = field(default_factory=dict)  # module path -> class name
 
     # -- totals --------------------------------------------------------------------------
     @property
@@ -172,6 +208,20 @@ class Report:
     def categories(self) -> list[str]:
         return [k.category for k in self.kernels]
 
+    # -- modules -------------------------------------------------------------------------
+    def by_module(self) -> ModuleNode:
+        """The kernels grouped by the nn.Module that launched them: a tree of ModuleNode (path,
+        type, kernels placed there, own and subtree totals: kernels, bytes, time, round trips,
+        bytes over ideal, % of ceiling). See kernelab.module_tree."""
+        return build_tree(self.kernels, self.round_trips, self.module_types)
+
+    def module_tree(self, sort: str = "time", kernels: bool = True):
+        """The module tree as a rich Tree (``print(r.module_tree())`` gives plain text), children
+        sorted by ``sort``: "time", "waste" (bytes over ideal, round trips) or "ceiling" (time lost
+        below the ceiling); the top wasters are named in the last line."""
+        tree = render_tree(self, sort, kernels)
+        return _text_group_class()(tree, self.summary() + "; " + wasters_line(self.by_module(), self.target))
+
     # -- rendering -----------------------------------------------------------------------
     def summary(self) -> str:
         """One line a person can repeat to a colleague."""
@@ -183,7 +233,7 @@ class Report:
         parts.append(f"{trips} round trip{'s' if trips != 1 else ''}")
         line = f"{self.mode}: " + ", ".join(parts)
         if self.time_us is not None:
-            line += f", {_fmt_time(self.time_us)} {'measured' if self.measured else 'predicted'}"
+            line += f", {fmt_time(self.time_us)} {'measured' if self.measured else 'predicted'}"
         return line
 
     def to_dict(self) -> dict:
@@ -201,7 +251,20 @@ class Report:
             "kernels": [k.to_dict() for k in self.kernels],
             "round_trips": [t.to_dict() for t in self.round_trips],
             "notes": self.notes,
+            "module_types": self.module_types,
+            "modules": self.by_module().to_dict(),
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Report":
+        """A report from ``to_dict()`` (or ``kernelab count --json``): render it again, regroup it."""
+        from .traffic import RoundTrip
+
+        totals = d["totals"]
+        return cls(d["mode"], d["target"], d["measured"], d["device"], [Kernel.from_dict(k) for k in d["kernels"]],
+                   totals["largest_array_bytes"], totals["ideal_bytes"],
+                   [RoundTrip.from_dict(t) for t in d.get("round_trips", [])], totals.get("wall_time_us"),
+                   list(d.get("notes", [])), dict(d.get("module_types", {})))
 
     def table(self):
         """A rich Table, one row per kernel; ``print(r.table())`` and ``str()`` give plain text.
@@ -221,7 +284,7 @@ class Report:
         for i, k in enumerate(self.kernels):
             name = short_kernel_name(k.name) + ("" if k.confidence == "high" else " [dim](?)[/dim]")
             table.add_row(str(i), name, k.category, ", ".join(k.ops), fmt_bytes(k.bytes_read),
-                          fmt_bytes(k.bytes_written), _fmt_time(k.time_us), _fmt_num(k.gbps), _fmt_pct(k))
+                          fmt_bytes(k.bytes_written), fmt_time(k.time_us), _fmt_num(k.gbps), _fmt_pct(k))
         table.caption = self.summary() + f"; fused ideal {self.ideal_transfers:.3g} transfers" + self._time_split()
         return table
 
@@ -232,7 +295,7 @@ class Report:
         if gpu is None or call is None or call <= 0:
             return ""
         how = "measured" if self.measured else "predicted"
-        text = f"; GPU busy {_fmt_time(gpu)} of a {_fmt_time(call)} call ({how})"
+        text = f"; GPU busy {fmt_time(gpu)} of a {fmt_time(call)} call ({how})"
         if gpu < 0.5 * call:
             text += ": the rest is host time (launches, Python, guards)"
         return text
@@ -266,6 +329,28 @@ def render_text(renderable, width: int | None = None) -> str:
     Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False,
             emoji=False).print(renderable)
     return buffer.getvalue().rstrip("\n")
+
+
+@functools.lru_cache(maxsize=None)
+def _text_group_class():
+    """rich's Group with a plain-text ``str()``."""
+    from rich.console import Group
+
+    class TextGroup(Group):
+        def __str__(self) -> str:
+            return render_text(self)
+
+    return TextGroup
+
+
+def _ceiling_from(d: dict) -> tuple[float | None, float | None]:
+    """The ceiling a serialized kernel's ``pct_of_ceiling`` was a share of, so that the share,
+    and the module totals built on it, survive a JSON round trip."""
+    rate = {"compute": d.get("flops", 0.0), "memory": d.get("bytes_read", 0) + d.get("bytes_written", 0)}
+    bound = d.get("bound") or "memory"
+    achieved = rate[bound] / (d["time_us"] * 1e-6)
+    ceiling = achieved / (d["pct_of_ceiling"] / 100.0) if d["pct_of_ceiling"] else None
+    return (ceiling, None) if bound == "memory" else (None, ceiling)
 
 
 @functools.lru_cache(maxsize=None)
@@ -313,10 +398,13 @@ def fmt_bytes(n: float | None) -> str:
     return f"{int(n)} B"
 
 
-def _fmt_time(us: float | None) -> str:
+def fmt_time(us: float | None) -> str:
     if us is None:
         return "-"
     return f"{us / 1000:.3g} ms" if us >= 1000 else f"{us:.3g} µs"
+
+
+_fmt_time = fmt_time  # the name sweep.py imports
 
 
 def _fmt_num(x: float | None) -> str:

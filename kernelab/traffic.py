@@ -41,6 +41,10 @@ class RoundTrip:
         return {"storage": self.storage, "shape": list(self.shape), "dtype": self.dtype,
                 "writer": self.writer, "readers": self.readers, "bytes": self.bytes}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "RoundTrip":
+        return cls(d["storage"], tuple(d["shape"]), d["dtype"], d["writer"], list(d["readers"]), d["bytes"])
+
 
 def round_trips(kernels: list[KernelSpec]) -> list[RoundTrip]:
     """Every (storage, version) written by one kernel and read by a later one."""
@@ -92,3 +96,39 @@ def ideal_bytes(trace: OpTrace, kernels: list[KernelSpec]) -> int:
     for t in trace.outputs:
         written[t.storage] = max(written.get(t.storage, 0), t.footprint)
     return sum(read.values()) + sum(written.values())
+
+
+def bytes_over_ideal(trace: OpTrace, kernels: list[KernelSpec]) -> list[int]:
+    """Per kernel, the bytes it moves beyond its part of the ideal traffic: the ideal reads each
+    input once (credited to the first kernel reading it) and writes each output once (credited to
+    the last kernel writing it); every other byte -- an intermediate written or read back, an input
+    read again -- is over ideal. Their sum is about ``bytes - ideal_bytes`` (the ideal counts a
+    tensor's largest view once). The pieces of one op split for 32-bit indexing share its credit."""
+    inputs = {t.storage for t in trace.inputs} | implicit_inputs(kernels)
+    outputs = {t.storage for t in trace.outputs}
+    first = _first_pieces(kernels)
+    last_writer = {t.storage: first[i] for i, spec in enumerate(kernels) for t in spec.writes if t.storage in outputs}
+    read_before: set[int] = set()
+    ideal_of: dict[int, int] = {}
+    over = []
+    for i, spec in enumerate(kernels):
+        if first[i] not in ideal_of:
+            reads = {t.region: t for t in spec.reads}.values()
+            ideal = sum(t.footprint for t in reads if t.storage in inputs and t.storage not in read_before)
+            read_before |= {t.storage for t in reads}
+            writes = {t.region: t for t in spec.writes}.values()
+            ideal_of[i] = ideal + sum(t.footprint for t in writes if last_writer.get(t.storage) == i)
+        read, written = kernel_bytes(spec)
+        over.append(max(read + written - ideal_of[first[i]] // spec.share, 0))
+    return over
+
+
+def _first_pieces(kernels: list[KernelSpec]) -> list[int]:
+    """For each kernel, the index of the first piece of its op (itself unless it continues a split)."""
+    first = []
+    for i, spec in enumerate(kernels):
+        prev = kernels[i - 1] if i else None
+        same = prev is not None and spec.share > 1 and prev.share == spec.share and \
+            prev.reads == spec.reads and prev.writes == spec.writes
+        first.append(first[-1] if same else i)
+    return first

@@ -380,3 +380,52 @@ def test_a_corrupt_ceilings_cache_warns_in_one_line(monkeypatch, capsys, tmp_pat
     assert main(["ceilings"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == ["kernelab: warning: the cached ceilings file x.json is corrupt", "kernelab: error: stop here"]
+
+
+MODULE_TARGET = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        return x + self.act(self.fc(x))
+
+
+model = Block()
+
+
+def example_inputs():
+    return (torch.randn(7, 64),)
+"""
+
+
+def test_count_by_module_prints_the_tree_sorted_and_names_top_wasters(tmp_path, capsys):
+    path = tmp_path / "net.py"
+    path.write_text(MODULE_TARGET)
+    out = tmp_path / "r.json"
+    code = main(["count", f"{path}:model", "--by", "module", "--sort", "waste", "--mode", "eager",
+                 "--mode", "inductor", "--predict", "--json", str(out)])
+    assert code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "model — eager" in text and "by module, sorted by waste" in text
+    assert "fc (Linear)" in text and "act (GELU)" in text
+    assert "net.py:13" in text  # the residual add's line in the target file
+    assert "eager: 3 kernels" in text and "top wasters: act (" in text
+    assert "spans act, model" in text  # inductor: GELU and the residual add (model's own) in one kernel
+    data = json.loads(out.read_text())
+    tree = data["eager"]["modules"]
+    assert tree["type"] == "Block" and {c["path"] for c in tree["children"]} == {"fc", "act"}
+    assert [k["module"] for k in data["eager"]["kernels"]] == ["fc", "act", ""]
+
+
+def test_count_refuses_an_unknown_sort(target_file, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["count", f"{target_file}:add_relu", "--by", "module", "--sort", "size"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'size'" in capsys.readouterr().err
