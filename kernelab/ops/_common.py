@@ -265,6 +265,67 @@ def persistent_grid(m: int, row_bytes: int, device: torch.device) -> int:
     return max(1, min(m, sm_count(device) * LOOPED_PER_SM))
 
 
+#: Per-SM limits of an H100/H200 (sm_90), for devices whose properties do not say.
+SM_THREADS, SM_REGISTERS, SM_SHARED = 2048, 65536, 228 * 1024
+_RESIDENT: dict = {}
+
+
+def occupancy(regs: int, shared: int, num_warps: int, threads: int = SM_THREADS, registers: int = SM_REGISTERS,
+              shared_per_sm: int = SM_SHARED) -> int:
+    """Programs of ``num_warps`` warps using ``regs`` registers a thread and ``shared`` bytes of
+    shared memory that one SM runs at once: the least of its threads, its registers (allocated per
+    warp in units of 256) and its shared memory (1 KiB reserved per program), at most 32."""
+    by_threads = threads // (32 * num_warps)
+    regs_per_warp = cdiv(max(regs, 1) * 32, 256) * 256
+    by_registers = (registers // regs_per_warp) // num_warps
+    by_shared = shared_per_sm // (shared + 1024) if shared else 32
+    return max(1, min(32, by_threads, by_registers, by_shared))
+
+
+def resident_per_sm(kernel, args: tuple, num_warps: int, device: torch.device, constexprs: dict) -> int:
+    """Programs of ``kernel``, compiled for these arguments (types and specialization, no launch),
+    that one SM of ``device`` runs at once (:func:`occupancy` of the binary). Cached per
+    configuration; 4 off the GPU (the interpreter, compile-only runs), as ``sm_count`` says 4 SMs."""
+    if device.type != "cuda" or INTERPRETED:
+        return 4
+    key = (kernel, num_warps, tuple(constexprs.items()), tuple(a.dtype if isinstance(a, torch.Tensor) else a is None for a in args),
+           device.index)
+    got = _RESIDENT.get(key)
+    if got is None:
+        compiled = kernel.warmup(*args, grid=(1,), num_warps=num_warps, **constexprs)
+        if hasattr(compiled, "result"):  # an asynchronous compile's future
+            compiled = compiled.result()
+        compiled._init_handles()
+        props = torch.cuda.get_device_properties(device)
+        got = _RESIDENT[key] = occupancy(
+            compiled.n_regs, compiled.metadata.shared, num_warps,
+            getattr(props, "max_threads_per_multi_processor", SM_THREADS),
+            getattr(props, "regs_per_multiprocessor", SM_REGISTERS),
+            getattr(props, "shared_memory_per_multiprocessor", SM_SHARED),
+        )
+    return got
+
+
+_WORKSPACES: dict = {}
+
+
+def zeroed_workspace(device: torch.device, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 buffer of at least ``floats`` zeros, int32 counter at zero) for the current stream of
+    ``device``, for kernels that accumulate with atomics and leave both zero when they finish
+    (the norm backward's ``_add_weight_grads``). Launches on one stream run one after another, so
+    they share one pair; another stream gets its own; a longer request replaces the buffer."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (index, torch._C._cuda_getCurrentRawStream(index))
+    else:
+        key = (str(device), None)
+    held = _WORKSPACES.get(key)
+    if held is None or held[0].numel() < floats:
+        held = _WORKSPACES[key] = (torch.zeros(max(floats, 1024), dtype=torch.float32, device=device),
+                                   torch.zeros(1, dtype=torch.int32, device=device))
+    return held
+
+
 # --------------------------------------------------------------------------- partial column sums
 @triton.jit
 def _sum_partials_kernel(a_ptr, b_ptr, out_a_ptr, out_b_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):

@@ -20,9 +20,11 @@ backward spills registers: measured 1.51 TB/s fwd+bwd against 2.19 for the two-k
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -38,12 +40,42 @@ from ._common import row_offsets
 #: the stack), two programs share an SM: 3.37-3.40 TB/s (results/ops_tune5_h200.csv, GPU time of
 #: the kernel; 3.33-3.38 under do_bench). rms_norm needs 64 without a cap.
 LONG_ROW_MAXNREG = 64
-#: Longest row whose backward (x, dy, w and two accumulators per element) stays in registers.
-MAX_FUSED_BWD = 8192
-#: Backward programs per SM (each sums its rows' dw, db into one partial row) and tile elements.
-BWD_PROGRAMS_PER_SM = 4
-BWD_TILE = 2048
-BWD_PER_THREAD = 16
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """Launch settings of the norm kernels, passed in as data: every call uses DEFAULT; a tuning run
+    (``benchmarks/norm_tune.py``) times others side by side through :func:`configured`.
+
+    Forward (rows of up to 16384 elements, one-pass): ``fwd_tile`` elements of rows per program
+    and ``fwd_per_thread`` elements a thread, None for ``_common.row_tile``'s rule.
+
+    Backward: ``bwd_programs_per_sm`` programs per SM, each summing its rows' dw and db (None: as
+    many as one SM runs at once, computed from the compiled kernel's registers and shared memory,
+    so the grid is one wave and the partial rows are as few as can be); ``bwd_tile`` elements of
+    rows per program step and ``bwd_per_thread`` elements a thread; ``bwd_stages`` the software
+    pipeline's depth (rows whose loads are in flight while one is reduced: 2 = one row ahead);
+    ``bwd_hold_w`` loads w once per program instead of once per row block (BLOCK_N registers more,
+    a third less traffic from L2 into the SM); ``bwd_atomic``: the programs add their column sums
+    into a float32 workspace with atomics and the last program to finish rounds them into dw and
+    db (one launch, no [programs, N] partial rows, no sum kernel; the summation order, hence the
+    last bits of dw and db, varies from run to run); ``bwd_max_fused``: the longest row the one-pass
+    backward holds (longer rows: a stats kernel, then column tiles; x and dy read twice).
+    """
+
+    fwd_tile: Optional[int] = None
+    fwd_per_thread: Optional[int] = None
+    bwd_programs_per_sm: Optional[int] = 4
+    bwd_tile: int = 2048
+    bwd_per_thread: int = 16
+    bwd_stages: int = _common.STAGES
+    bwd_hold_w: bool = False
+    bwd_atomic: bool = False
+    bwd_max_fused: int = 8192
+
+
+DEFAULT = NormConfig()
+
 #: The long-row forward's teams (``teams.py``): members per SM, and whether a member loads its
 #: next row while the team waits. Measured on the H200 (bf16, GPU time, ops_tune6_h200.csv):
 #: without prefetch at 4 per SM (64 registers) 2.95 / 2.72 TB/s at 65536 / 262144 columns; with
@@ -200,26 +232,60 @@ def _norm_bwd_stats_kernel(
 
 
 @triton.jit
+def _add_weight_grads(dw_col, db_col, cols, col_ok, ws_ptr, count_ptr, dw_ptr, db_ptr, N,
+                      NEED_DW: tl.constexpr, NEED_DB: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dw and db without a second kernel: this program's column sums are added (float32 atomics,
+    N floats each) into a zeroed workspace ``ws = [dw sums | db sums]``; the last program to arrive
+    at the counter rounds the sums into dw and db (the weight's dtype) and zeroes the workspace and
+    the counter again, so they are zero between launches."""
+    if NEED_DW:
+        tl.atomic_add(ws_ptr + cols, dw_col, mask=col_ok, sem="relaxed")
+    if NEED_DB:
+        tl.atomic_add(ws_ptr + N + cols, db_col, mask=col_ok, sem="relaxed")
+    tl.debug_barrier()  # every thread's additions precede the release below
+    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
+        for start in range(0, N, BLOCK_N):
+            idx = start + tl.arange(0, BLOCK_N)
+            ok = idx < N
+            if NEED_DW:  # read past L1: the other programs' sums are in L2
+                total = tl.load(ws_ptr + idx, mask=ok, other=0.0, cache_modifier=".cg")
+                tl.store(dw_ptr + idx, total.to(dw_ptr.dtype.element_ty), mask=ok)
+                tl.store(ws_ptr + idx, tl.zeros_like(total), mask=ok)
+            if NEED_DB:
+                total = tl.load(ws_ptr + N + idx, mask=ok, other=0.0, cache_modifier=".cg")
+                tl.store(db_ptr + idx, total.to(db_ptr.dtype.element_ty), mask=ok)
+                tl.store(ws_ptr + N + idx, tl.zeros_like(total), mask=ok)
+        tl.atomic_xchg(count_ptr, 0)
+
+
+@triton.jit
 def _norm_bwd_kernel(
-    x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, c_ptr, dx_ptr, dw_ptr, db_ptr,
+    x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, c_ptr, dx_ptr, dw_ptr, db_ptr, count_ptr, dw_out_ptr, db_out_ptr,
     stride_x, stride_dy, stride_dx,
     M, N,
     rows_per_program,
     RMS: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
-    ROW_IN_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    ROW_IN_TILE: tl.constexpr, HOLD_W: tl.constexpr, ATOMIC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """dx of ``rows_per_program`` rows (program axis 0) x BLOCK_N columns (axis 1), BLOCK_M rows at
-    a time, and this program's partial column sums of dw and db.
+    a time, and this program's column sums of dw and db.
 
     ROW_IN_TILE: the tile spans whole rows, so c1 and c2 are reduced here; otherwise they were
     computed by ``_norm_bwd_stats_kernel``. Reads x and dy once, writes dx once; the next rows'
-    loads are issued (cp.async) before the current ones are reduced.
+    loads are issued (cp.async) before the current ones are reduced (STAGES - 1 row blocks ahead).
+    The column sums go to row pid_m of the [programs, N] float32 buffers ``dw_ptr``, ``db_ptr``,
+    or with ATOMIC straight into dw and db (``_add_weight_grads``: ``dw_ptr`` is then the
+    workspace, ``dw_out_ptr`` and ``db_out_ptr`` the gradients).
     """
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     dw_acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     db_acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if HOLD_W:  # w in registers for the whole program (BLOCK_N / threads more a thread)
+        w_held = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else 1.0
     first = pid_m.to(tl.int64) * rows_per_program
     last = tl.minimum(first + rows_per_program, M)
     for start in tl.range(first, last, BLOCK_M, num_stages=STAGES):
@@ -232,8 +298,10 @@ def _norm_bwd_kernel(
         rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]
         mean = 0.0 if RMS else tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None]
         xhat = tl.where(mask, (x - mean) * rstd, 0.0)
-        # w is re-read per row block (from L1/L2): holding it would cost BLOCK_N registers
-        g = dy * tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
+        if HOLD_W:
+            g = dy * w_held
+        else:  # w re-read per row block (from L1/L2): holding it would cost BLOCK_N registers
+            g = dy * tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
         # reduce (or load) c1 and c2
         if ROW_IN_TILE:
             c1 = tl.sum(g * xhat, axis=1)[:, None] / N
@@ -248,11 +316,16 @@ def _norm_bwd_kernel(
             dw_acc += dy * xhat
         if NEED_DB:
             db_acc += dy
-    # store this program's partial sums (row pid_m of a [programs, N] float32 buffer)
-    if NEED_DW:
-        tl.store(dw_ptr + pid_m.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-    if NEED_DB:
-        tl.store(db_ptr + pid_m.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+    dw_col = tl.sum(dw_acc, axis=0)
+    db_col = tl.sum(db_acc, axis=0)
+    if ATOMIC:
+        _add_weight_grads(dw_col, db_col, cols, col_ok, dw_ptr, count_ptr, dw_out_ptr, db_out_ptr, N,
+                          NEED_DW, NEED_DB, BLOCK_N)
+    else:  # this program's partial sums: row pid_m of a [programs, N] float32 buffer
+        if NEED_DW:
+            tl.store(dw_ptr + pid_m.to(tl.int64) * N + cols, dw_col, mask=col_ok)
+        if NEED_DB:
+            tl.store(db_ptr + pid_m.to(tl.int64) * N + cols, db_col, mask=col_ok)
 
 
 @triton.jit
@@ -316,30 +389,36 @@ def _norm_fwd_team_kernel(
 
 
 # --------------------------------------------------------------------------- launchers
-def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool):
+@functools.lru_cache(maxsize=1024)
+def _fwd_tile(m: int, n: int, rms: bool, config: NormConfig) -> tuple[int, int, int, Optional[int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, maxnreg) of the one-pass forward (cached: host time per call)."""
+    block_m, block_n, warps = _common.row_tile(m, n, tile=config.fwd_tile, per_thread=config.fwd_per_thread)
+    return block_m, block_n, warps, LONG_ROW_MAXNREG if block_n >= 16384 and not rms else None
+
+
+def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, config: NormConfig = DEFAULT):
     """(y, mean, rstd): y of x's shape and dtype; mean and rstd float32 per row (mean empty for rms)."""
     y = _common.empty(x.shape, x.dtype, x.device)
     m = x.numel() // n if n else 0
     mean = _common.empty((0 if rms else m,), torch.float32, x.device)
     rstd = _common.empty((m,), torch.float32, x.device)
-    if x.numel() == 0:
+    if m == 0 or n == 0:
         return y, mean, rstd
     x2, y2 = _common.as_rows(x, n), y.view(-1, n)
     w, b = weight, bias
-    common = dict(RMS=rms, HAS_W=w is not None, HAS_B=b is not None)
     if n <= FWD_ONE_PASS_MAX:
-        block_m, block_n, warps = _common.row_tile(m, n)
-        _common.launch(_norm_fwd_kernel, (_common.tile_grid(m, block_m, warps, x.device),))(
+        block_m, block_n, warps, maxnreg = _fwd_tile(m, n, rms, config)
+        _common.launch(_norm_fwd_kernel, (_common.cdiv(m, block_m),))(
             x2, w, b, y2, mean, rstd, x2.stride(0), y2.stride(0), m, n, eps,
-            **common, BLOCK_M=block_m, BLOCK_N=block_n,
-            STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
-            maxnreg=LONG_ROW_MAXNREG if block_n >= 16384 and not rms else None,
+            RMS=rms, HAS_W=w is not None, HAS_B=b is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+            STAGES=_common.ONE_PASS_STAGES, num_warps=warps, maxnreg=maxnreg,
         )
     elif (p := teams.plan(m, n, x.device, FWD_TEAM_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM,
                           longer_than=FWD_ONE_PASS_MAX)) is not None:
         _common.launch(_norm_fwd_team_kernel, p.grid)(
             x2, w, b, y2, mean, rstd, *teams.buffers(x.device, p), x2.stride(0), y2.stride(0), m, n, eps,
-            **common, CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, PREFETCH=FWD_TEAM_PREFETCH,
+            RMS=rms, HAS_W=w is not None, HAS_B=b is not None,
+            CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, PREFETCH=FWD_TEAM_PREFETCH,
             num_warps=p.warps, maxnreg=p.maxnreg,
         )
     else:
@@ -347,60 +426,120 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool):
         grid = _common.persistent_grid(m, n * x.element_size(), x.device)
         _common.launch(_norm_fwd_looped_kernel, (grid,))(
             x2, w, b, y2, mean, rstd, x2.stride(0), y2.stride(0), m, n, eps,
-            **common, BLOCK_N=block_n, num_warps=warps,
+            RMS=rms, HAS_W=w is not None, HAS_B=b is not None, BLOCK_N=block_n, num_warps=warps,
         )
     return y, mean, rstd
 
 
-def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, need_db: bool):
+class _BwdTile(NamedTuple):
+    """How ``_norm_bwd_kernel`` covers a row: BLOCK_M rows x BLOCK_N columns a step, ``col_blocks``
+    column tiles a row (more than one: long rows, whose c1 and c2 a stats kernel computes first)."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    col_blocks: int
+
+
+#: Long rows' backward: column tiles of this many elements (and the stats kernel's chunk), 8 warps.
+LONG_BWD_TILE = 4096
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_tile(m: int, n: int, config: NormConfig) -> _BwdTile:
+    if n <= config.bwd_max_fused:
+        block_m, block_n, warps = _common.row_tile(m, n, max_fused=config.bwd_max_fused, tile=config.bwd_tile,
+                                                   per_thread=config.bwd_per_thread)
+        return _BwdTile(block_m, block_n, warps, 1)
+    return _BwdTile(1, LONG_BWD_TILE, 8, _common.cdiv(n, LONG_BWD_TILE))
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_rows(m: int, block_m: int, programs: int) -> tuple[int, int]:
+    """(row programs, rows per program): at most ``programs`` programs, each a whole number of
+    BLOCK_M row blocks."""
+    programs = max(1, min(_common.cdiv(m, block_m), programs))
+    rows_per_program = _common.cdiv(_common.cdiv(m, programs), block_m) * block_m
+    return _common.cdiv(m, rows_per_program), rows_per_program
+
+
+def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, need_db: bool,
+                   config: NormConfig = DEFAULT):
     """(dx, dw, db): dx like x; dw and db float32 sums cast to the weight's dtype (empty if unneeded)."""
     dx = _common.empty(x.shape, x.dtype, x.device)
     m = x.numel() // n if n else 0
     need_dw = need_dw and weight is not None
     wdtype = weight.dtype if weight is not None else x.dtype
-    if x.numel() == 0:
+    if m == 0 or n == 0:
         dw = torch.zeros((n if need_dw else 0,), dtype=wdtype, device=x.device)
         db = torch.zeros((n if need_db else 0,), dtype=wdtype, device=x.device)
         return dx, dw, db
     x2, dy2, dx2 = _common.as_rows(x, n), _common.as_rows(dy, n), dx.view(-1, n)
     flags = dict(RMS=rms, HAS_W=weight is not None, NEED_DW=need_dw, NEED_DB=need_db)
-    dw, db = _norm_backward_tiled(x2, dy2, dx2, weight, mean, rstd, m, n, flags)
+    tile = _bwd_tile(m, n, config)
+    c = None
+    if tile.col_blocks > 1:  # long rows: c1 and c2 first (one more read of x and dy), then column tiles
+        c = torch.empty((m, 2), dtype=torch.float32, device=x.device)
+        _common.launch(_norm_bwd_stats_kernel, (m,))(
+            x2, weight, dy2, mean, rstd, c, x2.stride(0), dy2.stride(0), m, n,
+            RMS=rms, HAS_W=weight is not None, BLOCK_N=LONG_BWD_TILE, num_warps=8,
+        )
+    kernel_args = dict(**flags, ROW_IN_TILE=c is None, HOLD_W=config.bwd_hold_w, ATOMIC=config.bwd_atomic,
+                       BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, STAGES=config.bwd_stages, num_warps=tile.warps)
+    if config.bwd_atomic:
+        return (dx, *_backward_atomic(x2, dy2, dx2, weight, mean, rstd, c, m, n, wdtype, tile, kernel_args, config))
+    dw, db = _backward_partials(x2, dy2, dx2, weight, mean, rstd, c, m, n, tile, kernel_args, config)
     return (dx, *_weight_grads(dw, db, n, wdtype, x.device))
+
+
+def _bwd_programs(tile: _BwdTile, config: NormConfig, args: tuple, kernel_args: dict, device) -> int:
+    """Row programs the backward may launch: ``bwd_programs_per_sm`` per SM, or as many as run at
+    once (``_common.resident_per_sm`` of the compiled kernel), shared among the column tiles."""
+    per_sm = config.bwd_programs_per_sm
+    if per_sm is None:
+        kw = dict(kernel_args)
+        per_sm = _common.resident_per_sm(_norm_bwd_kernel, args, kw.pop("num_warps"), device, kw)
+    return max(1, per_sm * _common.sm_count(device) // tile.col_blocks)
+
+
+def _backward_partials(x2, dy2, dx2, weight, mean, rstd, c, m: int, n: int, tile: _BwdTile, kernel_args: dict,
+                       config: NormConfig):
+    """dx into ``dx2``; returns the [programs, N] float32 partial rows of dw and db."""
+    def args(dw, db, rows_per_program):
+        return (x2, weight, dy2, mean, rstd, c, dx2, dw, db, None, None, None,
+                x2.stride(0), dy2.stride(0), dx2.stride(0), m, n, rows_per_program)
+
+    programs = _bwd_programs(tile, config, args(rstd, rstd, 2), kernel_args, x2.device)
+    row_programs, rows_per_program = _bwd_rows(m, tile.block_m, programs)
+    dw, db = _partials(kernel_args["NEED_DW"], kernel_args["NEED_DB"], row_programs, n, x2.device)
+    _common.launch(_norm_bwd_kernel, (row_programs, tile.col_blocks))(*args(dw, db, rows_per_program), **kernel_args)
+    return dw, db
+
+
+def _backward_atomic(x2, dy2, dx2, weight, mean, rstd, c, m: int, n: int, wdtype, tile: _BwdTile, kernel_args: dict,
+                     config: NormConfig):
+    """dx into ``dx2``; (dw, db) finished by the backward kernel itself (``_add_weight_grads``)."""
+    need_dw, need_db = kernel_args["NEED_DW"], kernel_args["NEED_DB"]
+    dw = _common.empty((n if need_dw else 0,), wdtype, x2.device)
+    db = _common.empty((n if need_db else 0,), wdtype, x2.device)
+    if not (need_dw or need_db):
+        kernel_args = dict(kernel_args, ATOMIC=False)
+    ws, count = _common.zeroed_workspace(x2.device, 2 * n)
+
+    def args(rows_per_program):
+        return (x2, weight, dy2, mean, rstd, c, dx2, ws, ws, count, dw, db,
+                x2.stride(0), dy2.stride(0), dx2.stride(0), m, n, rows_per_program)
+
+    programs = _bwd_programs(tile, config, args(2), kernel_args, x2.device)
+    row_programs, rows_per_program = _bwd_rows(m, tile.block_m, programs)
+    _common.launch(_norm_bwd_kernel, (row_programs, tile.col_blocks))(*args(rows_per_program), **kernel_args)
+    return dw, db
 
 
 def _partials(need_dw: bool, need_db: bool, programs: int, n: int, device: torch.device):
     """[programs, n] float32 partial rows of dw and db (None where not needed), one allocation."""
     partials = torch.empty((int(need_dw) + int(need_db), programs, n), dtype=torch.float32, device=device)
     return (partials[0] if need_dw else None), (partials[-1] if need_db else None)
-
-
-def _norm_backward_tiled(x2, dy2, dx2, weight, mean, rstd, m: int, n: int, flags: dict):
-    """dx into ``dx2`` by ``_norm_bwd_kernel`` (whole rows in a tile, or column chunks of long rows
-    after ``_norm_bwd_stats_kernel``); returns its partial rows of dw and db."""
-    sms = _common.sm_count(x2.device)
-    c = None
-    if n <= MAX_FUSED_BWD:
-        block_m, block_n, warps = _common.row_tile(m, n, max_fused=MAX_FUSED_BWD, tile=BWD_TILE, per_thread=BWD_PER_THREAD)
-        col_blocks = 1
-    else:
-        # long rows: c1 and c2 first (one more read of x and dy), then column chunks
-        block_m, block_n, warps = 1, 4096, 8
-        col_blocks = _common.cdiv(n, block_n)
-        c = torch.empty((m, 2), dtype=torch.float32, device=x2.device)
-        _common.launch(_norm_bwd_stats_kernel, (m,))(
-            x2, weight, dy2, mean, rstd, c, x2.stride(0), dy2.stride(0), m, n,
-            RMS=flags["RMS"], HAS_W=flags["HAS_W"], BLOCK_N=4096, num_warps=8,
-        )
-    row_programs = max(1, min(_common.cdiv(m, block_m), (BWD_PROGRAMS_PER_SM * sms) // col_blocks))
-    rows_per_program = _common.cdiv(_common.cdiv(m, row_programs), block_m) * block_m
-    row_programs = _common.cdiv(m, rows_per_program)
-    dw, db = _partials(flags["NEED_DW"], flags["NEED_DB"], row_programs, n, x2.device)
-    _common.launch(_norm_bwd_kernel, (row_programs, col_blocks))(
-        x2, weight, dy2, mean, rstd, c, dx2, dw, db,
-        x2.stride(0), dy2.stride(0), dx2.stride(0), m, n, rows_per_program,
-        **flags, ROW_IN_TILE=c is None, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.STAGES, num_warps=warps,
-    )
-    return dw, db
 
 
 def _weight_grads(dw, db, n: int, wdtype: torch.dtype, device: torch.device):
@@ -446,7 +585,8 @@ def _(dy, x, weight, mean, rstd, n, rms, need_dw, need_db):
 
 
 def _setup_context(ctx, inputs, output):
-    x, n, weight, bias, eps, rms = inputs
+    x, n, weight, bias, eps, rms = inputs[:6]
+    ctx.config = inputs[6] if len(inputs) > 6 else None  # set by configured() only
     _, mean, rstd = output
     ctx.n, ctx.rms, ctx.eps, ctx.has_bias = n, rms, eps, bias is not None
     ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -456,18 +596,23 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dy, _dmean, _drstd):
+    config = getattr(ctx, "config", None)  # the registered op's context has none
+    extra = () if config is None else (None,)
     if dy is None:
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, *extra
     x, weight, mean, rstd = ctx.saved_tensors
     need_dw = weight is not None and ctx.needs_input_grad[2]
     need_db = ctx.has_bias and ctx.needs_input_grad[3]
     if _common.builds_graph():  # double backward: PyTorch's differentiable gradients
         dx, dw, db = _reference_grads(ctx, dy, x, weight, need_dw, need_db)
-        return dx, None, dw, db, None, None
-    dx, dw, db = _common.call(
-        _norm_backward_op, _norm_backward, dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db
-    )
-    return dx, None, dw if need_dw else None, db if need_db else None, None, None
+        return dx, None, dw, db, None, None, *extra
+    if config is None:
+        dx, dw, db = _common.call(
+            _norm_backward_op, _norm_backward, dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db
+        )
+    else:
+        dx, dw, db = _norm_backward(dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db, config)
+    return dx, None, dw if need_dw else None, db if need_db else None, None, None, *extra
 
 
 def _reference_grads(ctx, dy, x, weight, need_dw: bool, need_db: bool):
@@ -526,11 +671,32 @@ def _kernel_rows(input, normalized_shape, weight, bias, rms: bool) -> int | None
     return math.prod(shape) if _common.use_triton(input) else None
 
 
-def _run(input, n, weight, bias, eps, rms):
+def _run(input, n, weight, bias, eps, rms, config: Optional[NormConfig] = None):
     def flat(t):  # weight and bias as contiguous [N] vectors
-        return None if t is None else t.reshape(n).contiguous()
+        if t is None or (t.dim() == 1 and t.is_contiguous()):
+            return t
+        return t.reshape(n).contiguous()
 
-    return _common.apply(_Norm, _norm_op, input, n, flat(weight), flat(bias), float(eps), rms)[0]
+    args = (input, n, flat(weight), flat(bias), float(eps), rms)
+    if config is None:
+        return _common.apply(_Norm, _norm_op, *args)[0]
+    return _Norm.apply(*args, config)[0]
+
+
+def _layer_norm(input, normalized_shape, weight, bias, eps, config: Optional[NormConfig]):
+    n = _kernel_rows(input, normalized_shape, weight, bias, rms=False)
+    if n is None:
+        return F.layer_norm(input, normalized_shape, weight, bias, eps)
+    return _run(input, n, weight, bias, eps, False, config)
+
+
+def _rms_norm(input, normalized_shape, weight, eps, config: Optional[NormConfig]):
+    n = _kernel_rows(input, normalized_shape, weight, None, rms=True)
+    if n is None:
+        return F.rms_norm(input, normalized_shape, weight, eps)
+    if eps is None:
+        eps = torch.finfo(torch.float32).eps  # the kernels' inputs are float32, float16 or bfloat16
+    return _run(input, n, weight, None, eps, True, config)
 
 
 def layer_norm(
@@ -551,10 +717,7 @@ def layer_norm(
     in PyTorch's arithmetic; PyTorch's CPU kernel gives NaN there at some widths (an empty partial
     merged as inf * 0, also when only the mean is large), which is not copied.
     """
-    n = _kernel_rows(input, normalized_shape, weight, bias, rms=False)
-    if n is None:
-        return F.layer_norm(input, normalized_shape, weight, bias, eps)
-    return _run(input, n, weight, bias, eps, rms=False)
+    return _layer_norm(input, normalized_shape, weight, bias, eps, None)
 
 
 def rms_norm(
@@ -569,9 +732,25 @@ def rms_norm(
     PyTorch (``at::opmath_type``): float32's for float32, float16 and bfloat16 inputs. Same kernels
     and traffic as :func:`layer_norm`, without the mean.
     """
-    n = _kernel_rows(input, normalized_shape, weight, None, rms=True)
-    if n is None:
-        return F.rms_norm(input, normalized_shape, weight, eps)
-    if eps is None:
-        eps = torch.finfo(torch.float32).eps  # the kernels' inputs are float32, float16 or bfloat16
-    return _run(input, n, weight, None, eps, rms=True)
+    return _rms_norm(input, normalized_shape, weight, eps, None)
+
+
+class Configured(NamedTuple):
+    layer_norm: Callable
+    rms_norm: Callable
+
+
+def configured(config: NormConfig) -> Configured:
+    """``layer_norm`` and ``rms_norm`` (same signatures) launched with ``config`` instead of DEFAULT,
+    for tuning runs that time launch settings side by side. Eager autograd only: these calls never
+    take the registered custom op, so they are not for torch.compile or ``kernelab.count``."""
+    if not isinstance(config, NormConfig):
+        raise TypeError(f"configured() takes a NormConfig, not {type(config).__name__}")
+
+    def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+        return _layer_norm(input, normalized_shape, weight, bias, eps, config)
+
+    def rms_norm(input, normalized_shape, weight=None, eps=None):
+        return _rms_norm(input, normalized_shape, weight, eps, config)
+
+    return Configured(layer_norm, rms_norm)

@@ -1,0 +1,75 @@
+"""layer_norm / rms_norm launch settings (``norms.NormConfig`` through ``norms.configured``) at the
+widths models use: values and gradients of x, weight and bias against float64 PyTorch.
+
+Every setting a tuning run may pick must be correct at every width class: non-powers of two that
+waste lanes of a power-of-two tile (768, 2880, 5120, 7168), the long-row backward (12288: a stats
+kernel, then column tiles), several rows per program (narrow rows, few programs), the weight
+gradients summed by atomics with the last program finishing them.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernelab.ops import _common, norms
+from tests.ops.conftest import assert_close, grads
+from tests.ops.helpers import randn, ref_copy
+
+CONFIGS = {
+    "default": norms.DEFAULT,
+    "resident grid": norms.NormConfig(bwd_programs_per_sm=None),
+    "1 program/SM, 3 stages, w held": norms.NormConfig(bwd_programs_per_sm=1, bwd_stages=3, bwd_hold_w=True),
+    "atomic, 1 program/SM": norms.NormConfig(bwd_atomic=True, bwd_programs_per_sm=1),
+    "atomic, long rows past 4096": norms.NormConfig(bwd_atomic=True, bwd_max_fused=4096),
+    "4096-element tiles, 8 a thread": norms.NormConfig(fwd_tile=4096, fwd_per_thread=8, bwd_tile=4096, bwd_per_thread=8),
+}
+#: (rows, width): model widths with an odd number of rows (rows per program do not divide evenly)
+SHAPES = [(37, 768), (9, 2880), (5, 5120), (7, 7168), (3, 12288)]
+
+
+def check(config, rms, shape, dtype=torch.float32, weight=True, bias=True, seed=0):
+    m, n = shape
+    ops = norms.configured(config)
+    x = randn(shape, dtype, scale=2.0, shift=1.0, seed=seed)
+    w = randn((n,), dtype, shift=1.0, seed=seed + 1, grad=weight is True) if weight else None
+    b = randn((n,), dtype, seed=seed + 2, grad=bias is True) if bias and not rms else None
+    y = ops.rms_norm(x, (n,), w, 1e-6) if rms else ops.layer_norm(x, (n,), w, b, 1e-5)
+    xr, wr, br = ref_copy(x), ref_copy(w), ref_copy(b)
+    ref = F.rms_norm(xr, (n,), wr, 1e-6) if rms else F.layer_norm(xr, (n,), wr, br, 1e-5)
+    assert_close(y, ref, dtype, "forward")
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 3), dtype=torch.float64).to(dtype)
+    named = [(name, t, r) for name, t, r in (("dx", x, xr), ("dw", w, wr), ("db", b, br)) if t is not None and t.requires_grad]
+    ours = grads(y, [t for _, t, _ in named], g)
+    theirs = grads(ref, [r for _, _, r in named], g.double())
+    for (name, t, _), a, r in zip(named, ours, theirs):
+        assert_close(a, r, t.dtype, f"{name} ({config})")
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("label", list(CONFIGS))
+def test_configs_at_model_widths(label, rms):
+    for i, shape in enumerate(SHAPES):
+        check(CONFIGS[label], rms, shape, seed=i)
+
+
+@pytest.mark.parametrize("label", ["default", "atomic, 1 program/SM"])
+def test_float16_and_partial_grads(label):
+    config = CONFIGS[label]
+    check(config, False, (6, 2880), torch.float16)
+    check(config, False, (5, 768), weight="no grad", bias=True)   # db only
+    check(config, False, (5, 768), weight=True, bias="no grad")   # dw only
+    check(config, False, (5, 768), weight=None, bias=None)        # dx only
+    check(config, True, (4, 5120), weight="no grad")
+
+
+def test_atomic_workspace_is_left_zero_and_reused():
+    config = CONFIGS["atomic, 1 program/SM"]
+    for seed in range(2):  # a second call on the same workspace gives float64-exact gradients again
+        check(config, False, (11, 3072), seed=seed)
+    ws, count = _common.zeroed_workspace(torch.device("cpu"), 0)
+    assert int(count.item()) == 0 and not ws.any()
+
+
+def test_configured_rejects_other_settings():
+    with pytest.raises(TypeError, match="NormConfig"):
+        norms.configured({"bwd_atomic": True})
