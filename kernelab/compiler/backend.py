@@ -195,6 +195,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
         runnable, why = False, f"the compiler failed on this graph ({type(exc).__name__}: {exc}): it runs as ATen"
         record_fallback("graph", kind, why)
     graph_plan = plan.GraphPlan.build(kind, gm, part, time.perf_counter() - t0, None if runnable else why)
+    graph_plan.padded = runner.padding.describe()
     if _debug() >= 1:  # 1: a line per graph; 2: a line per group, op left to ATen, refusal
         print(graph_plan.decisions() if _debug() >= 2 else graph_plan.summary(), file=sys.stderr)
     if _debug() >= 3 and runner.source:  # 3: also the generated runner and every kernel's source

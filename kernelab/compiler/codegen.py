@@ -237,7 +237,7 @@ def _pointwise_body(em: _Emitter, loads, outs, mask) -> None:
 def reduction_source(group, rank: int, persistent: bool) -> str:
     loads = loads_of(group)
     em = _Emitter(group, loads)
-    src = strided_signature(group, loads, rank, scratch="", inner="r", sizes="rows, n_cols,",
+    src = strided_signature(group, loads, rank, scratch="", inner="r", sizes="rows, n_cols, out_row,",
                             constexprs=("XBLOCK", "RBLOCK", "INT64"))
     for line in _doc(group, loads, "once" if persistent else "once per pass over the row"):
         em.emit(line)
@@ -345,7 +345,7 @@ def _persistent_body(em: _Emitter, loads) -> None:
     em.emit("# store the full-size outputs")
     for i, n in enumerate(em.group.outputs):
         if em.group.roles[n] == "full":
-            em.emit(f"tl.store(out{i}_ptr + row * n_cols + cols, "
+            em.emit(f"tl.store(out{i}_ptr + row * out_row + cols, "
                     f"tl.broadcast_to({_var(n)}, [XBLOCK, RBLOCK]).to(out{i}_ptr.dtype.element_ty), mask=mask)")
 
 

@@ -144,7 +144,7 @@ def _emit_pass(em: _Emitter, loads, p: int, steps: list, stores: list) -> None:
             _accumulate(em, n, step)
     for i, n in enumerate(group.outputs):
         if n in stores:
-            em.emit(f"tl.store(out{i}_ptr + row * n_cols + cols, "
+            em.emit(f"tl.store(out{i}_ptr + row * out_row + cols, "
                     f"tl.broadcast_to({_var(n)}, [XBLOCK, RBLOCK]).to(out{i}_ptr.dtype.element_ty), mask=mask)")
     em.indent = "    "
     for n, step in steps:

@@ -56,6 +56,7 @@ class GraphPlan:
     compile_s: float
     fallback: str | None = None  # why the whole graph runs as ATen, if it does
     jit_s: float = 0.0  # generating and importing the kernels of the first call (Triton compiles lazily)
+    padded: list = field(default_factory=list)  # values with padded rows (compiler/layout.py), one line each
 
     @classmethod
     def build(cls, kind, gm, part, compile_s, fallback) -> "GraphPlan":
@@ -75,6 +76,7 @@ class GraphPlan:
         lines += [f"  group {g.name}: {', '.join(g.ops)}" for g in self.groups]
         lines += [f"  ATen {node} ({op}): {why}" for node, op, why in self.eager]
         lines += [f"  refused {node}: {why}" for node, why in self.refusals]
+        lines += [f"  padded {line}" for line in self.padded]
         return "\n".join(lines)
 
     def note_compile(self, runner) -> None:
@@ -84,7 +86,7 @@ class GraphPlan:
         return {"kind": self.kind, "groups": [g.to_dict() for g in self.groups],
                 "eager": [{"node": n, "op": op, "reason": why} for n, op, why in self.eager],
                 "refusals": [{"node": n, "reason": why} for n, why in self.refusals],
-                "compile_s": self.compile_s, "jit_s": self.jit_s, "fallback": self.fallback}
+                "compile_s": self.compile_s, "jit_s": self.jit_s, "fallback": self.fallback, "padded": list(self.padded)}
 
 
 def _group_plan(group) -> GroupPlan:

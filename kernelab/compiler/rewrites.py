@@ -25,14 +25,45 @@ import torch.fx as fx
 
 from . import fusion
 
-__all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "rewrite"]
+__all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "rewrite"]
 
 aten = torch.ops.aten
 
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return fills_without_inputs(gm) + one_hot_indexing(gm) + casts_through_views(gm)
+    return fills_without_inputs(gm) + cats_without_empties(gm) + one_hot_indexing(gm) + casts_through_views(gm)
+
+
+def cats_without_empties(gm: fx.GraphModule) -> int:
+    """``cat([empty, x], d)`` -> ``clone(x)``: an empty cache grown by one tensor. Hugging Face's
+    ``DynamicCache`` starts each layer's keys and values as ``torch.tensor([])`` and concatenates
+    the new ones to it (GPT-2, T5, Llama: two per layer). ATen ran each as a
+    ``CatArrayBatchedCopy`` (24 of them 0.99 ms of GPT-2's inference step on the H200, Inductor's
+    fused copies 0.16 ms); a copy is a pointwise op, which joins a generated kernel. Inputs with
+    no elements are dropped (several left: a smaller cat), the result keeps cat's contiguous layout."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.cat.default:
+            continue
+        val = fusion.value(node)
+        parts = node.args[0]
+        kept = [p for p in parts if not _no_elements(p)]
+        if len(kept) == len(parts) or not kept or not isinstance(val, torch.Tensor) or not hasattr(val, "fake_mode"):
+            continue
+        b = _Builder(gm, node, val)
+        if len(kept) == 1 and tuple(fusion.value(kept[0]).shape) == tuple(val.shape):
+            new = b.op(aten.clone.default, kept[0], memory_format=torch.contiguous_format)
+        else:
+            new = b.op(aten.cat.default, kept, *node.args[1:], **node.kwargs)
+        node.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _no_elements(node) -> bool:
+    val = fusion.value(node)
+    return isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape) and val.numel() == 0
 
 
 def fills_without_inputs(gm: fx.GraphModule) -> int:

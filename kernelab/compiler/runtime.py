@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from ..launch import StaticLauncher, enabled as launch_enabled, hooked, specialization
 from ..report import debug_level
-from . import codegen, fusion, ops_table
+from . import codegen, fusion, layout, ops_table
 from .eventlog import record_fallback, record_launch
 
 __all__ = ["GraphRunner", "kernel_module", "cache_dir"]
@@ -305,6 +305,8 @@ class GroupRunner:
     loads: list = None  # codegen.Load per kernel input, computed once
     calls: dict = field(default_factory=dict)  # (shapes, strides, devices, dtypes) -> _Call or None
     compile_s: float = 0.0
+    #: outputs laid out with padded rows (``layout.py``): node -> row stride in elements
+    padded: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.loads = codegen.loads_of(self.group) if self.group is not None else []
@@ -427,7 +429,7 @@ class GroupRunner:
     def prepare_pointwise(self, raw, shape, device) -> "_Call":
         g = self.group
         ins = [t.expand(shape) for t in raw]
-        outs = [_alloc(n, shape, META) for n in g.outputs]  # layouts only: no memory
+        outs = [_alloc(n, shape, META, self.padded.get(n)) for n in g.outputs]  # layouts only: no memory
         order = _iteration_order(outs[0] if outs else ins[0])
         sizes, strides = _collapse([shape[d] for d in order], [[t.stride(d) for d in order] for t in ins + outs])
         numel = math.prod(sizes)
@@ -451,7 +453,8 @@ class GroupRunner:
         n_cols = shape[-1]
         rows = math.prod(shape[:-1])
         ins = [_as_rows(t, load, g, shape) for t, load in zip(raw, self.loads)]
-        outs = [_alloc_rows(n, g.roles[n], shape, META) for n in g.outputs]
+        out_row = self.out_row(shape)
+        outs = [_alloc_rows(n, g.roles[n], shape, META, out_row) for n in g.outputs]
         lead = list(shape[:-1]) or [1]
         contiguous_rows = [math.prod(lead[d + 1:]) for d in range(len(lead))]
         lead_strides = [list(t.stride()[:-1]) or [0] for t in ins] + [contiguous_rows]
@@ -459,11 +462,21 @@ class GroupRunner:
         strides = strides[:-1]
         launch = self.reduction_launch(sizes, strides, rows, n_cols, ins)
         xblock = launch.block["XBLOCK"]
-        tail = [s for st in strides for s in st] + [t.stride(-1) for t in ins] + list(sizes) + [rows, n_cols]
+        tail = [s for st in strides for s in st] + [t.stride(-1) for t in ins] + list(sizes) + [rows, n_cols, out_row]
         meta = {"XBLOCK": xblock, "RBLOCK": launch.block["RBLOCK"], "INT64": launch.int64,
                 "num_warps": launch.num_warps}
         return _Call(self.kernel(launch.rank, launch.persistent), ((rows + xblock - 1) // xblock,), tail, meta,
                      [(tuple(o.shape), o.stride(), o.dtype) for o in outs], device)
+
+    def out_row(self, shape) -> int:
+        """The row stride of the full-size outputs: the row length, or the padded stride when
+        ``layout.plan`` padded one of them (then all, so that one ``out_row`` serves every store)."""
+        n_cols = shape[-1]
+        padded = [self.padded[n] for n in self.group.outputs if n in self.padded]
+        if not padded or any(s == 0 for s in shape):
+            return n_cols
+        sizes = [fusion.value(n).element_size() for n in self.group.outputs if self.group.roles[n] == "full"]
+        return max(padded + [layout.padded_cols(n_cols, min(sizes))])
 
     def has_var(self) -> bool:
         return any(fusion.is_reduction(n) and fusion.reduction_kind(n) == "var" for n in self.group.nodes)
@@ -597,9 +610,12 @@ def _iteration_order(t: torch.Tensor) -> list[int]:
     return sorted(range(t.dim()), key=lambda d: (-t.stride(d), -d)) if t.dim() else []
 
 
-def _alloc(node, shape, device) -> torch.Tensor:
-    """A pointwise output in the layout eager would give it (the dense layout its meta value has)."""
+def _alloc(node, shape, device, row_stride: int | None = None) -> torch.Tensor:
+    """A pointwise output in the layout eager would give it (the dense layout its meta value has),
+    or row-major with rows ``row_stride`` apart (``layout.py``)."""
     meta = fusion.value(node)
+    if row_stride is not None and list(shape) == list(meta.shape):
+        return torch.empty_strided(shape, layout.padded_strides(shape, row_stride), dtype=meta.dtype, device=device)
     order = _iteration_order(meta) if meta.dim() == len(shape) else list(range(len(shape)))
     if sorted(order) != list(range(len(shape))) or meta.is_contiguous():
         return torch.empty(shape, dtype=meta.dtype, device=device)
@@ -609,11 +625,11 @@ def _alloc(node, shape, device) -> torch.Tensor:
     return t.permute(inverse)
 
 
-def _alloc_rows(node, role: str, shape, device) -> torch.Tensor:
-    """A reduction group's output, contiguous: full size, or one value per row."""
+def _alloc_rows(node, role: str, shape, device, out_row: int) -> torch.Tensor:
+    """A reduction group's output: full size with rows ``out_row`` apart, or one value per row."""
     meta = fusion.value(node)
     if role == "full":
-        return torch.empty(shape, dtype=meta.dtype, device=device)
+        return torch.empty_strided(shape, layout.padded_strides(shape, out_row), dtype=meta.dtype, device=device)
     sizes = list(meta.shape) if _static(meta) else _row_shape(meta, shape)
     return torch.empty(sizes, dtype=meta.dtype, device=device)
 
@@ -645,10 +661,51 @@ def run_reference(group, env: dict) -> None:
         env[n] = _call(n, env)
 
 
-def _call(node: fx.Node, env: dict):
+def _call(node: fx.Node, env: dict, target=None):
     args = fx.node.map_arg(node.args, lambda a: _lookup(a, env))
     kwargs = fx.node.map_arg(node.kwargs, lambda a: _lookup(a, env))
-    return node.target(*args, **kwargs)
+    return (target or node.target)(*args, **kwargs)
+
+
+class _PaddedProduct:
+    """An ATen matrix product (mm, addmm, bmm) writing into a buffer whose rows are ``row_stride``
+    elements apart (``layout.py``): cuBLAS takes the padded row stride as the output's leading
+    dimension, so it runs its kernels for 16-byte aligned matrices."""
+
+    __slots__ = ("out_op", "row_stride")
+
+    def __init__(self, out_op, row_stride: int):
+        self.out_op, self.row_stride = out_op, row_stride
+
+    def __call__(self, *args, **kwargs):
+        shape = _product_shape(self.out_op, args)
+        ref = args[-1] if isinstance(args[-1], torch.Tensor) else args[1]
+        out = torch.empty_strided(shape, layout.padded_strides(shape, self.row_stride), dtype=ref.dtype,
+                                  device=ref.device)
+        return self.out_op(*args, **kwargs, out=out)
+
+
+def _product_shape(out_op, args) -> list[int]:
+    """The output shape of mm(a, b), addmm(bias, a, b) or bmm(a, b)."""
+    if out_op is torch.ops.aten.addmm.out:
+        a, b = args[1], args[2]
+    else:
+        a, b = args[0], args[1]
+    return [*a.shape[:-1], b.shape[-1]]
+
+
+def _traced_layout(value: torch.Tensor, node: fx.Node) -> torch.Tensor:
+    """``value`` in the layout the traced graph gave ``node`` (a copy when it came out padded)."""
+    meta = fusion.value(node)
+    if not isinstance(value, torch.Tensor) or tuple(value.stride()) == tuple(meta.stride()):
+        return value
+    out = torch.empty_strided(tuple(value.shape), tuple(meta.stride()), dtype=value.dtype, device=value.device)
+    return out.copy_(value)
+
+
+def layout_padding() -> bool:
+    """Padded rows around matrix products (``layout.py``); ``KERNELAB_PAD=0`` turns them off."""
+    return os.environ.get("KERNELAB_PAD", "1") != "0"
 
 
 def _lookup(node: fx.Node, env: dict):
@@ -687,6 +744,8 @@ class GraphRunner:
     #: training forward; the rest are tensors saved for the backward, which it detaches anyway);
     #: None: all of them
     visible_outputs: int | None = None
+    #: values laid out with padded rows, and returned values copied back (``layout.py``)
+    padding: layout.Padding = field(default_factory=lambda: layout.Padding({}, set()))
 
     @classmethod
     def build(cls, gm: fx.GraphModule, part, interpret: bool, visible_outputs: int | None = None) -> "GraphRunner":
@@ -695,8 +754,11 @@ class GraphRunner:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         attrs = {n: _fetch_attr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
         output = next(n for n in gm.graph.nodes if n.op == "output")
+        padding = layout.plan(gm, part, set(output.all_input_nodes)) if layout_padding() else layout.Padding({}, set())
+        for g in part.groups:
+            runners[id(g)].padded = {n: padding.rows[n] for n in g.outputs if n in padding.rows}
         return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0], attrs,
-                   visible_outputs)
+                   visible_outputs, padding)
 
     def __post_init__(self):
         self.source, self.straight = _straight_line(self)
@@ -714,10 +776,19 @@ class GraphRunner:
                 else:
                     item.run(env)
             else:
-                env[item] = _call(item, env)
+                env[item] = _call(item, env, self.target(item))
             for n in dead:
                 env.pop(n, None)
-        return list(fx.node.map_arg(self.output_args, lambda a: _lookup(a, env)))
+        restore = self.padding.restore
+        return list(fx.node.map_arg(self.output_args,
+                                    lambda a: _traced_layout(_lookup(a, env), a) if a in restore else _lookup(a, env)))
+
+    def target(self, node: fx.Node):
+        """What runs an ATen node: its op, or a product writing into a padded buffer."""
+        stride = self.padding.rows.get(node)
+        if stride is None:
+            return node.target
+        return _PaddedProduct(layout.MATMULS[fusion.target_name(node)], stride)
 
     @property
     def group_runners(self):
@@ -890,13 +961,20 @@ def _straight_line(runner: "GraphRunner"):
                 defined.add(item)
             else:
                 args = [expr(a) for a in item.args] + [f"{k}={expr(v)}" for k, v in item.kwargs.items()]
-                statements.append((f"    {names[item]} = {bind('t', _direct_target(item.target))}({', '.join(args)})",
+                target = runner.target(item)
+                target = _direct_target(target) if target is item.target else target
+                statements.append((f"    {names[item]} = {bind('t', target)}({', '.join(args)})",
                                    list(item.all_input_nodes), [item]))
                 defined.add(item)
         out = runner.output_args
         if not isinstance(out, (list, tuple)):
             return "", None
-        ret = f"    return [{', '.join(expr(a) for a in out)}]"
+        restore = runner.padding.restore
+
+        def returned(a) -> str:
+            return f"{bind('r', _traced_layout)}({expr(a)}, {bind('n', a)})" if a in restore else expr(a)
+
+        ret = f"    return [{', '.join(returned(a) for a in out)}]"
     except (KeyError, TypeError):
         return "", None
     lines = ["def run(args):"]

@@ -10,7 +10,7 @@ def kl_fused_var_sum_div_add_rsqrt_sub_etc(
     in0_ptr, in1_ptr, in2_ptr, out0_ptr,
     in0_stride0, in1_stride0, in2_stride0,
     in0_stride_r, in1_stride_r, in2_stride_r,
-    size0, rows, n_cols,
+    size0, rows, n_cols, out_row,
     XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, INT64: tl.constexpr,
 ):
     """kl_fused_var_sum_div_add_rsqrt_sub_etc: 11 ops fused, reduction.
@@ -62,4 +62,4 @@ def kl_fused_var_sum_div_add_rsqrt_sub_etc(
     v_n9 = v_n8 * in1
     v_n10 = v_n9 + in2
     # store the full-size outputs
-    tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_n10, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out0_ptr + row * out_row + cols, tl.broadcast_to(v_n10, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)

@@ -10,7 +10,7 @@ def kl_fused_pow_mean_add_rsqrt_mul(
     in0_ptr, in1_ptr, out0_ptr,
     in0_stride0, in1_stride0,
     in0_stride_r, in1_stride_r,
-    size0, rows, n_cols,
+    size0, rows, n_cols, out_row,
     XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, INT64: tl.constexpr,
 ):
     """kl_fused_pow_mean_add_rsqrt_mul: 6 ops fused, reduction.
@@ -54,4 +54,4 @@ def kl_fused_pow_mean_add_rsqrt_mul(
         in1 = tl.load(in1_ptr + in1_row + cols * in1_stride_r, mask=mask, other=0).to(tl.float32)
         v_n4 = in0 * v_n3
         v_n5 = v_n4 * in1
-        tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_n5, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)
+        tl.store(out0_ptr + row * out_row + cols, tl.broadcast_to(v_n5, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)

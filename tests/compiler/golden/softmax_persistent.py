@@ -10,7 +10,7 @@ def kl_fused_amax_sub_exp_sum_div(
     in0_ptr, out0_ptr,
     in0_stride0,
     in0_stride_r,
-    size0, rows, n_cols,
+    size0, rows, n_cols, out_row,
     XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, INT64: tl.constexpr,
 ):
     """kl_fused_amax_sub_exp_sum_div: 5 ops fused, reduction.
@@ -44,4 +44,4 @@ def kl_fused_amax_sub_exp_sum_div(
     v_n3 = tl.sum(tl.where(mask, tl.broadcast_to(v_n2, [XBLOCK, RBLOCK]), 0), axis=1)[:, None]
     v_n4 = v_n2 / v_n3
     # store the full-size outputs
-    tl.store(out0_ptr + row * n_cols + cols, tl.broadcast_to(v_n4, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out0_ptr + row * out_row + cols, tl.broadcast_to(v_n4, [XBLOCK, RBLOCK]).to(out0_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,168 @@
+"""Row strides padded to 16 bytes around matrix products (Inductor's "comprehensive padding").
+
+cuBLAS chooses its kernels by the alignment of each matrix's leading dimension. A row of 50257
+bf16 values (GPT-2's vocabulary) is 100514 bytes: 2-byte aligned, so every product that writes or
+reads the (tokens, vocab) logits runs an sm75 CUTLASS kernel for unaligned operands
+(``cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1``): 6.7 ms of GPT-2's 12.0 ms
+inference step on the H200, where Inductor, whose buffers have padded strides, ran the same product
+in 0.88 ms (``benchmarks/results/zoo_profile_gpt2_infer_h200.txt``).
+
+The plan: a value whose rows are long (at least ``PAD_MIN_COLS`` columns, Inductor's threshold) and
+not a multiple of 16 bytes is laid out with its row stride rounded up to 16 bytes when
+
+* a matrix product computes it (the product writes into the padded buffer through ``out=``), or
+* a generated kernel computes it and a matrix product reads it, directly or through views
+  (cross-entropy's gradient of the logits, read by the LM head's two backward products).
+
+The padding columns are never written nor read. Values are laid out as the traced graph says
+wherever the layout can be seen: a value the graph returns (to the caller, or saved for the
+backward graph, which was traced with the unpadded layout) is copied back into that layout, and a
+value is not padded when a view of it would not exist on the padded layout (flattening the rows
+into one dim) or when an op reads its storage by explicit strides (``as_strided``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from . import fusion
+
+__all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "padded_cols", "Padding", "plan", "MATMULS"]
+
+#: Rows shorter than this stay unpadded (Inductor's ``padding_stride_threshold``): the padding's
+#: memory and the broken-up contiguous spans cost more than an unaligned product loses there.
+PAD_MIN_COLS = 1024
+#: cuBLAS's fast kernels want every leading dimension a multiple of 16 bytes.
+ALIGN_BYTES = 16
+#: Matrix products run by ATen: their output can be written into a padded buffer (``out=``).
+MATMULS = {"aten.mm.default": torch.ops.aten.mm.out, "aten.addmm.default": torch.ops.aten.addmm.out,
+           "aten.bmm.default": torch.ops.aten.bmm.out}
+#: Ops that read their input through a layout of their own: the input must keep the traced layout.
+_EXPLICIT_LAYOUT = {"aten.as_strided.default", "aten._reinterpret_tensor.default", "aten.view_as_real.default",
+                    "aten.view_as_complex.default", "aten.view.dtype"}
+#: Views whose result on the padded layout is checked by replaying them (on meta tensors).
+_VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.permute.default", "aten.transpose.int",
+          "aten.t.default", "aten.expand.default", "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
+          "aten.squeeze.default", "aten.select.int", "aten.slice.Tensor", "aten.alias.default", "aten.detach.default"}
+
+
+def padded_cols(n_cols: int, itemsize: int) -> int:
+    """The row stride, in elements, of a row of ``n_cols`` values: rounded up to ``ALIGN_BYTES``
+    when the row is long and unaligned, else ``n_cols``."""
+    if n_cols < PAD_MIN_COLS or (n_cols * itemsize) % ALIGN_BYTES == 0 or ALIGN_BYTES % itemsize:
+        return n_cols
+    per = ALIGN_BYTES // itemsize
+    return -(-n_cols // per) * per
+
+
+def padded_strides(shape, row_stride: int) -> list[int]:
+    """Strides of a row-major layout of ``shape`` whose rows are ``row_stride`` elements apart."""
+    strides, step = [1] * len(shape), row_stride
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = step
+        step *= shape[d]
+    return strides
+
+
+@dataclass
+class Padding:
+    """The plan for one graph: padded row stride per value, and the returned values to copy back."""
+
+    rows: dict  # fx.Node -> padded row stride (elements)
+    restore: set  # returned nodes whose value may come out padded: copied into the traced layout
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def describe(self) -> list[str]:
+        """One line per padded value, for ``explain`` and ``KERNELAB_DEBUG=2``."""
+        lines = []
+        for node, stride in self.rows.items():
+            cols = fusion.value(node).shape[-1]
+            how = "a product writes" if fusion.target_name(node) in MATMULS else "a product reads"
+            lines.append(f"{node.name}: rows of {cols} padded to {stride} ({how} it; 16-byte aligned for cuBLAS)")
+        lines += [f"{node.name}: returned, copied back into its unpadded layout" for node in self.restore]
+        return lines
+
+
+def plan(gm: fx.GraphModule, part, returned: set) -> Padding:
+    """Which values of ``gm`` get padded rows. ``part``: the partition (a generated kernel's
+    outputs are padded only when a product reads them); ``returned``: the graph's output nodes."""
+    rows = {}
+    for node in gm.graph.nodes:
+        stride = _candidate(node)
+        if stride is None:
+            continue
+        group = part.group_of.get(node)
+        by_matmul = group is None and fusion.target_name(node) in MATMULS
+        by_kernel = group is not None and _padding_kernel(group, node) and _read_by_matmul(node)
+        if (by_matmul or by_kernel) and _views_hold(node, stride):
+            rows[node] = stride
+    return Padding(rows, {n for n in returned if _reaches(n, rows)})
+
+
+def _candidate(node: fx.Node) -> int | None:
+    """The padded row stride of a contiguous, statically shaped, at least 2-D floating value
+    with long unaligned rows; None for any other value."""
+    val = fusion.value(node)
+    if node.op != "call_function" or not isinstance(val, torch.Tensor) or val.dim() < 2:
+        return None
+    if not all(isinstance(s, int) for s in val.shape) or not val.is_floating_point() or not val.is_contiguous():
+        return None
+    stride = padded_cols(val.shape[-1], val.element_size())
+    return stride if stride != val.shape[-1] else None
+
+
+def _padding_kernel(group, node) -> bool:
+    """Generated kernels that take an output's row stride: pointwise ones (every stride is an
+    argument) and the full-size outputs of row reductions."""
+    return group.kind == "pointwise" or (group.kind == "reduction" and group.roles.get(node) == "full")
+
+
+def _view_users(node: fx.Node) -> list:
+    return [u for u in node.users if fusion.target_name(u) in _VIEWS and u.args and u.args[0] is node]
+
+
+def _read_by_matmul(node: fx.Node) -> bool:
+    """Whether a matrix product reads ``node``, directly or through views."""
+    for u in node.users:
+        if fusion.target_name(u) in MATMULS:
+            return True
+    return any(_read_by_matmul(v) for v in _view_users(node))
+
+
+def _views_hold(node: fx.Node, stride: int) -> bool:
+    """Every view of ``node`` (and views of those) exists on the padded layout, and no op reads
+    it, or a view of it, by explicit strides: replayed on meta tensors."""
+    val = fusion.value(node)
+    padded = torch.empty_strided(tuple(val.shape), padded_strides(val.shape, stride), dtype=val.dtype, device="meta")
+    return _replay(node, padded)
+
+
+def _replay(node: fx.Node, value: torch.Tensor) -> bool:
+    for u in node.users:
+        name = fusion.target_name(u)
+        if name in _EXPLICIT_LAYOUT:
+            return False
+        if name not in _VIEWS or not u.args or u.args[0] is not node:
+            continue
+        try:
+            view = u.target(value, *u.args[1:], **u.kwargs)
+        except (RuntimeError, ValueError):  # "view size is not compatible with input tensor's size and stride"
+            return False
+        if not _replay(u, view):
+            return False
+    return True
+
+
+def _reaches(node, rows: dict) -> bool:
+    """Whether ``node`` is a padded value or a view (of a view ...) of one."""
+    while isinstance(node, fx.Node):
+        if node in rows:
+            return True
+        if fusion.target_name(node) not in _VIEWS or not node.args:
+            return False
+        node = node.args[0]
+    return False
