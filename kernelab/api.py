@@ -71,7 +71,8 @@ def count(target, *args, mode: str = "eager", predict: bool | None = None, profi
     ``nn.Module`` (its parameters and buffers count as inputs). CPU tensors stand for CUDA tensors;
     meta tensors (``torch.device("meta")``) let a prediction take any size without allocating.
     ``timeout`` (seconds, main thread only) raises :class:`~kernelab.errors.TargetTimeout` when
-    counting takes longer, e.g. for a target that never returns.
+    counting takes longer, e.g. for a target that never returns. Every kernel carries the
+    nn.Module path that launched it and the user's source line; ``report.by_module()`` groups them.
     """
     _check_mode(mode)
     if not callable(target):

@@ -121,6 +121,8 @@ class Kernel:
         how = "measured" if self.measured else "predicted"
         return (f"{self.category:<10} {fmt_bytes(self.bytes_read):>9} read {fmt_bytes(self.bytes_written):>9} written "
                 f"{fmt_time(self.time_us):>9} {how}  {self.name} [{','.join(self.ops)}]"
+                + (f"  @ {self.module or '(target)'}" if self.modules else "")
+                + (f" {self.source}" if self.source else "")
                 + (f"  ({self.reason})" if self.reason else ""))
 
     def to_dict(self) -> dict:
