@@ -7,6 +7,7 @@ Without CUDA and without ``TRITON_INTERPRET=1`` the ops run their PyTorch refere
 
 from .cross_entropy import cross_entropy
 from .linear import linear, swiglu_linear
+from .linear_cross_entropy import linear_cross_entropy
 from .norms import layer_norm, rms_norm
 from .pointwise import add_relu, bias_gelu, gelu_mul, silu_mul
 from .softmax import log_softmax, softmax
@@ -21,6 +22,7 @@ __all__ = [
     "layer_norm",
     "rms_norm",
     "cross_entropy",
+    "linear_cross_entropy",
     "linear",
     "swiglu_linear",
 ]

@@ -45,27 +45,23 @@ def _fwd_chunk(c: int) -> int:
     return FWD_BLOCK_C or (1024 if c <= 8192 else 2048)
 
 
-# --------------------------------------------------------------------------- kernels
+# --------------------------------------------------------------------------- jitted helpers
+# Shared with linear_cross_entropy (its fused kernel runs the forward row pass and the gradient pass).
 @triton.jit
-def _ce_fwd_kernel(
-    x_ptr, target_ptr, weight_ptr, wsum_ptr, loss_ptr, lse_ptr, wt_ptr,
-    stride_x,
-    M, C,
-    ignore_index, smoothing,
-    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr,
-):
-    """One row per program: loss_i, lse_i and the target's weight (0 if ignored); x read once."""
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    cols = tl.arange(0, BLOCK_C)
-    # the target's logit and weight first: dependent scalar loads whose latency then overlaps the
-    # row's loads instead of following them
-    t = tl.load(target_ptr + row).to(tl.int64)
+def target_of(target_ptr, C):
+    """(t, valid, t_safe): the row's target as int64, whether it is a class in [0, C), and an index
+    that is safe to load (0 for an invalid target)."""
+    t = tl.load(target_ptr).to(tl.int64)
     valid = (t >= 0) & (t < C)
-    t_safe = tl.where(valid, t, 0)
-    x_t = tl.load(x_row + t_safe).to(tl.float32)
-    w_t = tl.load(weight_ptr + t_safe).to(tl.float32) if HAS_WEIGHT else 1.0
-    # pass over the row: online logsumexp, and sum_j w_j x_j for label smoothing
+    return t, valid, tl.where(valid, t, 0)
+
+
+@triton.jit
+def row_lse(x_row, weight_ptr, C, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_C: tl.constexpr,
+            STAGES: tl.constexpr):
+    """One pass over a row of C logits: (lse, sum_j w_j x_j), the second only with SMOOTH (else 0).
+    Online logsumexp: every logit is read once."""
+    cols = tl.arange(0, BLOCK_C)
     m = tl.full((), float("-inf"), tl.float32)
     s = tl.full((), 0.0, tl.float32)
     wx = tl.zeros((BLOCK_C,), tl.float32)
@@ -78,17 +74,66 @@ def _ce_fwd_kernel(
             if HAS_WEIGHT:
                 xs = xs * tl.load(weight_ptr + idx, mask=idx < C, other=0.0).to(tl.float32)
             wx += xs
-    lse = tl.where(m == float("-inf"), 0.0, m) + tl.log(s)
+    return tl.where(m == float("-inf"), 0.0, m) + tl.log(s), tl.sum(wx, axis=0)
+
+
+@triton.jit
+def row_loss(lse, x_t, w_t, wx_sum, wsum_ptr, t, valid, C, ignore_index, smoothing,
+             HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr):
+    """loss_i from the row's lse, target logit and weight: 0 for an ignored row, NaN for a target
+    outside [0, C) (it poisons the reduction instead of reading out of bounds)."""
     loss = w_t * (lse - x_t)
     if SMOOTH:
         wsum = tl.load(wsum_ptr) if HAS_WEIGHT else C * 1.0
-        loss = (1.0 - smoothing) * loss + smoothing / C * (lse * wsum - tl.sum(wx, axis=0))
-    # ignored rows count zero; other out-of-range targets poison the loss
-    ignored = t == ignore_index
-    loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+        loss = (1.0 - smoothing) * loss + smoothing / C * (lse * wsum - wx_sum)
+    return tl.where(t == ignore_index, 0.0, tl.where(valid, loss, float("nan")))
+
+
+@triton.jit
+def row_scale(scale, t, valid, ignore_index):
+    """The row's gradient scale: 0 for an ignored row, NaN for a target outside [0, C)."""
+    return tl.where(t == ignore_index, 0.0, tl.where(valid, scale, float("nan")))
+
+
+@triton.jit
+def logit_grad(x, idx, t, lse, w_t, weight_ptr, wsum_ptr, C, smoothing, HAS_WEIGHT: tl.constexpr,
+               SMOOTH: tl.constexpr):
+    """d loss_i / d x_ij for a chunk of columns ``idx`` (fp32 ``x``), before the row's scale: the
+    softmax recomputed from lse, minus the (smoothed) target distribution."""
+    p = tl.exp(x - lse)
+    dx = (1.0 - smoothing) * w_t * (p - tl.where(idx == t, 1.0, 0.0))
+    if SMOOTH:
+        if HAS_WEIGHT:
+            w = tl.load(weight_ptr + idx, mask=idx < C, other=0.0).to(tl.float32)
+            dx += smoothing / C * (tl.load(wsum_ptr) * p - w)
+        else:
+            dx += smoothing * p - smoothing / C
+    return dx
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit
+def _ce_fwd_kernel(
+    x_ptr, target_ptr, weight_ptr, wsum_ptr, loss_ptr, lse_ptr, wt_ptr,
+    stride_x,
+    M, C,
+    ignore_index, smoothing,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr,
+):
+    """One row per program: loss_i, lse_i and the target's weight (0 if ignored); x read once."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    # the target's logit and weight first: dependent scalar loads whose latency then overlaps the
+    # row's loads instead of following them
+    t, valid, t_safe = target_of(target_ptr + row, C)
+    x_t = tl.load(x_row + t_safe).to(tl.float32)
+    w_t = tl.load(weight_ptr + t_safe).to(tl.float32) if HAS_WEIGHT else 1.0
+    # pass over the row: online logsumexp, and sum_j w_j x_j for label smoothing
+    lse, wx_sum = row_lse(x_row, weight_ptr, C, HAS_WEIGHT, SMOOTH, BLOCK_C, STAGES)
+    loss = row_loss(lse, x_t, w_t, wx_sum, wsum_ptr, t, valid, C, ignore_index, smoothing, HAS_WEIGHT, SMOOTH)
     tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
     tl.store(lse_ptr + row, lse)
-    tl.store(wt_ptr + row, tl.where(ignored, 0.0, w_t))
+    tl.store(wt_ptr + row, tl.where(t == ignore_index, 0.0, w_t))
 
 
 @triton.jit
@@ -128,23 +173,14 @@ def _ce_bwd_kernel(
     ok = idx < C
     # load the logits chunk and the row's scalars
     x = tl.load(x_ptr + row * stride_x + idx, mask=ok, other=0.0).to(tl.float32)
-    t = tl.load(target_ptr + row).to(tl.int64)
+    t, valid, t_safe = target_of(target_ptr + row, C)
     lse = tl.load(lse_ptr + row)
     scale = tl.load(grad_ptr + row * stride_grad).to(tl.float32)
     if MEAN:
         scale = scale / tl.load(denom_ptr)
-    valid = (t >= 0) & (t < C)
-    scale = tl.where(t == ignore_index, 0.0, tl.where(valid, scale, float("nan")))
-    w_t = tl.load(weight_ptr + tl.where(valid, t, 0)).to(tl.float32) if HAS_WEIGHT else 1.0
-    # softmax recomputed from lse, minus the (smoothed) target distribution
-    p = tl.exp(x - lse)
-    dx = (1.0 - smoothing) * w_t * (p - tl.where(idx == t, 1.0, 0.0))
-    if SMOOTH:
-        if HAS_WEIGHT:
-            w = tl.load(weight_ptr + idx, mask=ok, other=0.0).to(tl.float32)
-            dx += smoothing / C * (tl.load(wsum_ptr) * p - w)
-        else:
-            dx += smoothing * p - smoothing / C
+    scale = row_scale(scale, t, valid, ignore_index)
+    w_t = tl.load(weight_ptr + t_safe).to(tl.float32) if HAS_WEIGHT else 1.0
+    dx = logit_grad(x, idx, t, lse, w_t, weight_ptr, wsum_ptr, C, smoothing, HAS_WEIGHT, SMOOTH)
     tl.store(dx_ptr + row * stride_dx + idx, (dx * scale).to(dx_ptr.dtype.element_ty), mask=ok)
 
 
@@ -290,7 +326,7 @@ def _soft_targets(input, target, weight, reduction, smoothing, class_dim):
     return loss.sum() / (input.numel() / c if c else 0)
 
 
-def _check_targets_on_host(target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
+def check_targets_on_host(target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
     """PyTorch's IndexError for a class target outside [0, C) that is not ignore_index, where the
     check is free: real targets in CPU memory (the interpreter), outside a compiled graph and
     fake-tensor tracing (a data-dependent branch there would break the graph). On a GPU such a row's loss is NaN instead: the
@@ -357,7 +393,7 @@ def cross_entropy(
     smoothing = float(label_smoothing) if label_smoothing > 0 else 0.0  # negative or NaN: none, as in PyTorch
     if target.is_floating_point():
         return _soft_targets(input, target, weight, reduction, smoothing, class_dim)
-    _check_targets_on_host(target, c, ignore_index)
+    check_targets_on_host(target, c, ignore_index)
     # logits as [M, C] rows, class dim last (a K-dim input is transposed once)
     logits = input.movedim(class_dim, -1).reshape(-1, c) if input.dim() != 2 else input
     weight = None if weight is None else weight.contiguous()

@@ -1,0 +1,369 @@
+"""linear_cross_entropy: a language model's head and its loss, without ever holding the [N, V] logits.
+
+    logits = hidden @ weight.T (+ bias)           [N, H] x [V, H] -> [N, V], in the input dtype
+    loss   = cross_entropy(logits.float(), target, ignore_index, reduction, label_smoothing)
+
+The N token rows are processed in chunks of R rows. For each chunk (all on the GPU, no sync):
+
+    logits_c = hidden_c @ W.T (+ bias)                       cuBLAS, into one reused [R, V] buffer
+    one Triton kernel, one program per row: pass 1 reads the row (online logsumexp -> loss_i),
+        pass 2 reads it again and overwrites it in place with
+        dlogits = s_i * ((1 - eps) * (p - onehot(t)) + eps * p - eps / V),   p = exp(x - lse)
+    dhidden_c  = dlogits_c @ W                              [R, V] x [V, H], straight into dhidden
+    dW        += dlogits_c.T @ hidden_c                     [V, R] x [R, H], addmm_ (beta = 1)
+    dbias     += sum over rows of dlogits_c                  float32
+
+Memory: one [R, V] chunk besides the gradients (which must exist anyway); never [N, V].
+Traffic per chunk: the chunk's logits are written once by the matmul, read twice and written once
+by the kernel, read twice by the two gradient matmuls; dW is read and written once per chunk
+(a [V, H] read-modify-write: fewer, larger chunks move less), dhidden written once.
+
+For reductions "mean" and "sum" the gradient is computed in the forward (as Liger-Kernel does: the
+targets, hence the mean's divisor, are known) and the backward multiplies it by grad_output, in
+place, skipping the multiplication when grad_output == 1 (``loss.backward()``: x * 1 == x exactly).
+For "none" the per-row grad_output is only known in the backward, which recomputes the chunks.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from . import _common
+from .cross_entropy import check_targets_on_host, logit_grad, row_lse, row_loss, row_scale, target_of
+
+_REDUCTIONS = ("none", "mean", "sum")
+#: Bytes of one chunk of logits ([R, V] in the input dtype), the memory the op adds beside the
+#: gradients. Larger chunks: fewer read-modify-write passes over dW ([V, H], once per chunk) and
+#: larger matmuls (dW's inner dimension is R); smaller: less memory. Liger-Kernel sizes its chunk
+#: near N x H elements instead (ceil(N / ceil(V / H)) rows, a power of two). Not tuned on a GPU.
+CHUNK_BYTES = 256 * 2**20
+#: Columns per step of the fused kernel's row loops (cross_entropy's forward uses 2048 above 8192
+#: classes); not tuned for this kernel.
+BLOCK_C = 2048
+#: Elements per step of the in-place scale kernel, and its programs per SM.
+SCALE_BLOCK = 4096
+SCALE_PER_SM = 4
+
+
+def chunk_rows_for(n: int, v: int, elem_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Rows per chunk: as many as fit ``chunk_bytes`` of [rows, v] logits, a multiple of 128 when
+    at least 128 (tensor-core friendly inner dimension of dW's matmul), at least 1, at most n."""
+    rows = chunk_bytes // max(1, v * elem_size)
+    if rows >= 128:
+        rows -= rows % 128
+    return max(1, min(max(n, 1), rows))
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit
+def _lce_kernel(
+    x_ptr, target_ptr, scale_ptr, denom_ptr, loss_ptr,
+    stride_x, stride_scale,
+    M, C,
+    ignore_index, smoothing,
+    SMOOTH: tl.constexpr, SCALED: tl.constexpr, MEAN: tl.constexpr, GRAD: tl.constexpr,
+    BLOCK_C: tl.constexpr, STAGES: tl.constexpr,
+):
+    """One row of logits per program: loss_i (float32) and, with GRAD, the row overwritten in place
+    by d loss / d logits = s_i * logit_grad, s_i = grad_i (SCALED, else 1) / denom (MEAN).
+    Reads the row twice, writes it once; no class weights (the kernels' weight pointers are x)."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    t, valid, t_safe = target_of(target_ptr + row, C)
+    x_t = tl.load(x_row + t_safe).to(tl.float32)
+    # pass 1: online logsumexp (and sum_j x_j for label smoothing) -> the row's loss
+    lse, x_sum = row_lse(x_row, x_row, C, False, SMOOTH, BLOCK_C, STAGES)
+    loss = row_loss(lse, x_t, 1.0, x_sum, x_row, t, valid, C, ignore_index, smoothing, False, SMOOTH)
+    tl.store(loss_ptr + row, loss)
+    if GRAD:
+        scale = tl.load(scale_ptr + row * stride_scale).to(tl.float32) if SCALED else 1.0
+        if MEAN:
+            scale = scale / tl.load(denom_ptr)
+        scale = row_scale(scale, t, valid, ignore_index)
+        cols = tl.arange(0, BLOCK_C)
+        # pass 2: re-read each chunk of the row, write its gradient over it
+        for start in tl.range(0, C, BLOCK_C, num_stages=STAGES):
+            idx = start + cols
+            x = tl.load(x_row + idx, mask=idx < C, other=0.0).to(tl.float32)
+            dx = logit_grad(x, idx, t, lse, 1.0, x_row, x_row, C, smoothing, False, SMOOTH)
+            tl.store(x_row + idx, (dx * scale).to(x_ptr.dtype.element_ty), mask=idx < C)
+
+
+@triton.jit
+def _scale_kernel(x_ptr, g_ptr, N, BLOCK: tl.constexpr):
+    """x *= g in place (persistent grid). Nothing is read or written when g == 1: x * 1 == x exactly."""
+    g = tl.load(g_ptr).to(tl.float32)
+    if g != 1.0:
+        for blk in tl.range(tl.program_id(0).to(tl.int64), tl.cdiv(N, BLOCK), tl.num_programs(0)):
+            offs = blk * BLOCK + tl.arange(0, BLOCK)  # int64: dW may pass 2^31 elements
+            x = tl.load(x_ptr + offs, mask=offs < N, other=0.0).to(tl.float32)
+            tl.store(x_ptr + offs, (x * g).to(x_ptr.dtype.element_ty), mask=offs < N)
+
+
+# --------------------------------------------------------------------------- launchers
+def _logits_into(out, hidden_c, weight, bias):
+    """out = hidden_c @ weight.T (+ bias): cuBLAS, the input dtype, float32 accumulation."""
+    if bias is None:
+        torch.mm(hidden_c, weight.t(), out=out)
+    else:
+        torch.addmm(bias, hidden_c, weight.t(), out=out)
+
+
+def _launch_rows(logits, target, scale, denom, loss_rows, smoothing, ignore_index, scaled, mean, grad):
+    r, v = logits.shape
+    block_c = min(_common.next_pow2(v), BLOCK_C)
+    _common.launch(_lce_kernel, (r,))(
+        logits, target, scale if scaled else denom, denom, loss_rows,
+        logits.stride(0), scale.stride(0) if scaled and scale.dim() else 0, r, v, ignore_index, smoothing,
+        SMOOTH=smoothing > 0, SCALED=scaled, MEAN=mean, GRAD=grad, BLOCK_C=block_c,
+        STAGES=_common.STAGES, num_warps=_common.warps_for(block_c),
+    )
+
+
+def _chunk_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ignore_index: int,
+                smoothing: float, mean: bool, chunk_rows: int):
+    """Runs every chunk; writes loss_rows; returns (dhidden, dweight, dbias), None where not in ``needs``.
+    ``scale`` (None or grad_output, 0-d or [N]) multiplies each row's gradient; ``mean`` divides it by denom."""
+    (n, h), v, dev = hidden.shape, weight.shape[0], hidden.device
+    need_h, need_w, need_b = needs
+    grad = need_h or need_w or need_b
+    dh = _common.empty((n, h), hidden.dtype, dev) if need_h else None
+    dw = _common.empty((v, h), weight.dtype, dev) if need_w else None
+    db = torch.zeros((v,), dtype=torch.float32, device=dev) if need_b else None
+    if dw is not None and n == 0:
+        dw.zero_()
+    buf = _common.empty((min(chunk_rows, n), v), hidden.dtype, dev)
+    for start in range(0, n, chunk_rows):
+        hidden_c = hidden[start:start + chunk_rows]
+        rows = slice(start, start + hidden_c.shape[0])
+        logits = buf[:hidden_c.shape[0]]
+        _logits_into(logits, hidden_c, weight, bias)
+        chunk_scale = scale[rows] if scale is not None and scale.dim() else scale  # per-row grad_output
+        _launch_rows(logits, target[rows], chunk_scale, denom, loss_rows[rows], smoothing, ignore_index,
+                     scale is not None, mean, grad)
+        if dh is not None:
+            torch.mm(logits, weight, out=dh[rows])
+        if dw is not None:  # the first chunk writes dW, later ones accumulate (cuBLAS beta = 1)
+            torch.mm(logits.t(), hidden_c, out=dw) if start == 0 else dw.addmm_(logits.t(), hidden_c)
+        if db is not None:
+            db += logits.sum(0, dtype=torch.float32)
+    return dh, dw, None if db is None else db.to(bias.dtype)
+
+
+def _denominator(target, ignore_index: int):
+    """Rows not ignored, float32 (the mean's divisor, as PyTorch's without class weights)."""
+    return (target != ignore_index).sum(dtype=torch.float32)
+
+
+def _or_empty(t, like):
+    """Custom ops return tensors: an empty one stands for "not computed"."""
+    return like.new_empty((0,)) if t is None else t
+
+
+def _lce_forward(hidden, weight, target, bias, ignore_index: int, smoothing: float, reduction: str,
+                 chunk_rows: int, grad_hidden: bool, grad_weight: bool, grad_bias: bool):
+    """(loss float32, dhidden, dweight, dbias, denom): the gradients of the reduced loss (for
+    grad_output 1) where asked and reduction is not "none", else empty tensors."""
+    n = hidden.shape[0]
+    loss_rows = _common.empty((n,), torch.float32, hidden.device)
+    denom = _denominator(target, ignore_index)
+    needs = (grad_hidden, grad_weight, grad_bias) if reduction != "none" else (False, False, False)
+    grads = _chunk_loop(hidden, weight, target, bias, None, denom, loss_rows, needs, ignore_index, smoothing,
+                        reduction == "mean", chunk_rows)
+    if reduction == "none":
+        loss = loss_rows
+    else:
+        loss = loss_rows.sum() / denom if reduction == "mean" else loss_rows.sum()
+    return (loss, *(_or_empty(g, hidden) for g in grads), denom)
+
+
+def _lce_backward(grad, hidden, weight, target, bias, denom, ignore_index: int, smoothing: float, reduction: str,
+                  chunk_rows: int, grad_hidden: bool, grad_weight: bool, grad_bias: bool):
+    """(dhidden, dweight, dbias) for grad_output ``grad``, the chunks recomputed (empty where not asked)."""
+    loss_rows = _common.empty((hidden.shape[0],), torch.float32, hidden.device)  # rewritten, unused
+    grads = _chunk_loop(hidden, weight, target, bias, grad, denom, loss_rows, (grad_hidden, grad_weight, grad_bias),
+                        ignore_index, smoothing, reduction == "mean", chunk_rows)
+    return tuple(_or_empty(g, hidden) for g in grads)
+
+
+def _scale_in_place(t: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    if t.numel():
+        grid = min(_common.cdiv(t.numel(), SCALE_BLOCK), _common.sm_count(t.device) * SCALE_PER_SM)
+        _common.launch(_scale_kernel, (grid,))(t, grad, t.numel(), BLOCK=SCALE_BLOCK, num_warps=4)
+    return t
+
+
+# --------------------------------------------------------------------------- custom ops and autograd
+@torch.library.custom_op("kernelab::linear_cross_entropy", mutates_args=())
+def _lce_op(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+    ignore_index: int, smoothing: float, reduction: str, chunk_rows: int,
+    grad_hidden: bool, grad_weight: bool, grad_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _lce_forward(hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk_rows,
+                        grad_hidden, grad_weight, grad_bias)
+
+
+def _fake_grads(hidden, weight, bias, grad_hidden, grad_weight, grad_bias):
+    return (hidden.new_empty(hidden.shape if grad_hidden else (0,)),
+            weight.new_empty(weight.shape if grad_weight else (0,)),
+            hidden.new_empty((weight.shape[0],) if grad_bias else (0,)))
+
+
+@_lce_op.register_fake
+def _(hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk_rows, grad_hidden, grad_weight, grad_bias):
+    none = reduction == "none"
+    loss = hidden.new_empty((hidden.shape[0],) if none else (), dtype=torch.float32)
+    grads = _fake_grads(hidden, weight, bias, grad_hidden and not none, grad_weight and not none, grad_bias and not none)
+    return (loss, *grads, hidden.new_empty((), dtype=torch.float32))
+
+
+@torch.library.custom_op("kernelab::linear_cross_entropy_backward", mutates_args=())
+def _lce_backward_op(
+    grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+    denom: torch.Tensor, ignore_index: int, smoothing: float, reduction: str, chunk_rows: int,
+    grad_hidden: bool, grad_weight: bool, grad_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _lce_backward(grad, hidden, weight, target, bias, denom, ignore_index, smoothing, reduction, chunk_rows,
+                         grad_hidden, grad_weight, grad_bias)
+
+
+@_lce_backward_op.register_fake
+def _(grad, hidden, weight, target, bias, denom, ignore_index, smoothing, reduction, chunk_rows,
+      grad_hidden, grad_weight, grad_bias):
+    return _fake_grads(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, weight, target, bias, *args = inputs
+    _, dh, dw, db, denom = output
+    ctx.args = tuple(args)  # ignore_index, smoothing, reduction, chunk_rows, grad_hidden, grad_weight, grad_bias
+    ctx.fresh = True  # the forward's gradients have not been scaled in place yet
+    ctx.save_for_backward(hidden, weight, target, bias, dh, dw, db, denom)
+    ctx.mark_non_differentiable(dh, dw, db, denom)  # internal outputs: no gradient flows into them,
+    ctx.set_materialize_grads(False)  # and none is built for them
+
+
+def _backward(ctx, grad, *_internal):
+    if grad is None:
+        return (None,) * 11
+    hidden, weight, target, bias, dh, dw, db, denom = ctx.saved_tensors
+    ignore_index, smoothing, reduction, chunk_rows, *needs = ctx.args
+    if _common.builds_graph():  # double backward: PyTorch's differentiable gradient (full logits)
+        grads = _reference_grads(grad, hidden, weight, target, bias, ctx.args)
+    elif reduction == "none" or not (ctx.fresh or _common.traced(grad, hidden)):
+        # per-row grad_output, or a second backward (retain_graph) after the in-place scaling
+        grads = _common.call(_lce_backward_op, _lce_backward, grad, hidden, weight, target, bias, denom, *ctx.args)
+    elif _common.traced(grad, hidden):
+        grads = tuple(g * grad for g in (dh, dw, db))
+    else:
+        ctx.fresh = False
+        grads = tuple(_scale_in_place(g, grad) for g in (dh, dw, db))
+    dh, dw, db = (g if need else None for g, need in zip(grads, needs))
+    return dh, dw, None, db, None, None, None, None, None, None, None
+
+
+def _reference_grads(grad, hidden, weight, target, bias, args):
+    ignore_index, smoothing, reduction, _, *needs = args
+
+    def reference(hidden, weight, bias):
+        return _reference(hidden, weight, target, bias, ignore_index, reduction, smoothing)
+
+    return _common.reference_grads(reference, (hidden, weight, bias), needs, grad)
+
+
+_lce_op.register_autograd(_backward, setup_context=_setup_context)
+_LinearCrossEntropy = _common.eager_function("_LinearCrossEntropy", _lce_forward, _setup_context, _backward)
+
+
+# --------------------------------------------------------------------------- public function
+def _reference(hidden, weight, target, bias, ignore_index, reduction, smoothing):
+    """PyTorch: the full logits in the input dtype, the loss on their float32 copy (as Hugging Face)."""
+    logits = F.linear(hidden, weight, bias)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # 16-bit: .float(); float64 stays
+    loss = F.cross_entropy(logits.reshape(-1, weight.shape[0]), target.reshape(-1), ignore_index=ignore_index,
+                           reduction=reduction, label_smoothing=smoothing)
+    return loss.reshape(target.shape) if reduction == "none" else loss
+
+
+def _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_rows) -> None:
+    """One-line errors for the calls this op refuses."""
+    for name, t in (("hidden", hidden), ("weight", weight), ("target", target), ("bias", bias)):
+        if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
+            raise TypeError(f"linear_cross_entropy: {name} must be a tensor, got {type(t).__name__}")
+    if not hidden.is_floating_point() or hidden.dim() < 1:
+        raise TypeError(f"linear_cross_entropy: hidden must be a floating-point (..., H) tensor, got {hidden.dtype} "
+                        f"of shape {tuple(hidden.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"linear_cross_entropy: weight must be (V, H) with H = hidden's last dim "
+                         f"{hidden.shape[-1]}, got {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"linear_cross_entropy: bias must be (V,) = ({weight.shape[0]},), got {tuple(bias.shape)}")
+    if target.shape != hidden.shape[:-1]:
+        raise ValueError(f"linear_cross_entropy: target must have hidden's leading shape {tuple(hidden.shape[:-1])}, "
+                         f"got {tuple(target.shape)}")
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise TypeError(f"linear_cross_entropy: target must hold class indices (an integer dtype), got {target.dtype}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != hidden.dtype:
+            raise TypeError(f"linear_cross_entropy: {name} is {t.dtype} but hidden is {hidden.dtype}")
+    for name, t in (("weight", weight), ("target", target), ("bias", bias)):
+        if t is not None and t.device != hidden.device:
+            raise ValueError(f"linear_cross_entropy: {name} is on {t.device} but hidden is on {hidden.device}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"linear_cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if label_smoothing > 1.0:
+        raise ValueError(f"linear_cross_entropy: label_smoothing must be at most 1.0, got {label_smoothing}")
+    if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
+        raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
+
+
+def _needs_grad(t) -> bool:
+    return t is not None and t.requires_grad and torch.is_grad_enabled()
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """``F.cross_entropy(F.linear(hidden, weight, bias).float(), target, ...)`` without the logits.
+
+    ``hidden`` (..., H), ``weight`` (V, H) as ``nn.Linear`` / an LM head holds it, ``bias`` (V,) or
+    None, ``target`` (...) class indices (any integer dtype; ``ignore_index`` rows count zero).
+    ``reduction`` "mean" (over rows not ignored; NaN when all are, as PyTorch), "sum" or "none";
+    ``label_smoothing`` as in PyTorch. The logits are computed in the input dtype with float32
+    accumulation, as cuBLAS does, then the loss in float32: the loss is float32 (float64 for float64
+    inputs, which run PyTorch's formula).
+
+    Processed ``chunk_rows`` token rows at a time (default :func:`chunk_rows_for`: [rows, V]
+    logits of about CHUNK_BYTES), forward and backward: peak memory is one chunk of logits beside
+    the gradients. Gradients are computed only for the tensors that require them; the weight
+    gradient accumulates across chunks in the weight's dtype (cuBLAS addmm, beta = 1: one rounding
+    per chunk, as Liger-Kernel's default). A double backward (``create_graph=True``) differentiates
+    PyTorch's formula instead, holding the full logits. Without CUDA and without
+    ``TRITON_INTERPRET=1`` (or for float64) the PyTorch formula runs, with the full logits.
+    """
+    _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_rows)
+    smoothing = float(label_smoothing) if label_smoothing > 0 else 0.0  # negative or NaN: none, as in PyTorch
+    v, h = weight.shape
+    if not _common.use_triton(hidden) or v == 0:
+        return _reference(hidden, weight, target, bias, ignore_index, reduction, smoothing)
+    flat_target = target.reshape(-1).contiguous()
+    check_targets_on_host(flat_target, v, ignore_index)
+    hidden2 = hidden.reshape(flat_target.numel(), h)  # (-1, h) is ambiguous for h = 0
+    rows = chunk_rows or chunk_rows_for(hidden2.shape[0], v, hidden.element_size())
+    needs = (_needs_grad(hidden), _needs_grad(weight), _needs_grad(bias))
+    loss = _common.apply(_LinearCrossEntropy, _lce_op, hidden2, weight, flat_target, bias, int(ignore_index),
+                         smoothing, reduction, int(rows), *needs)[0]
+    return loss.reshape(target.shape) if reduction == "none" else loss
