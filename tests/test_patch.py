@@ -19,6 +19,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import kernelab  # noqa: E402
 from kernelab.errors import KernelabError  # noqa: E402
+from kernelab.patching import lm_head as patch_lm_head  # noqa: E402
 from kernelab.patching import loss as patch_loss  # noqa: E402
 from kernelab.zoo import ZOO  # noqa: E402
 
@@ -460,6 +461,30 @@ def test_a_loss_function_of_other_math_is_left_alone():
     report = kernelab.patch(model)
     assert [s.kind for s in report.swapped].count("loss") == 0
     assert any(s.kind == "loss" and "neither causal nor token" in s.reason for s in report.skipped)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_fused_lm_head_equals_unpatched_and_holds_no_logits(name, monkeypatch):
+    model, inputs = _build(name)
+    ref_loss, ref_grads = _step(model, inputs)
+    report = kernelab.patch(model, fused_lm_head=True)
+    assert [s.op for s in report.swapped if s.kind == "loss"] == [patch_lm_head.OP_LABEL]
+    calls = _Calls(monkeypatch, names=("linear_cross_entropy", "cross_entropy"))
+    loss, grads = _step(model, inputs)
+    _assert_same_step(loss, grads, ref_loss, ref_grads)
+    assert calls.counts == {"linear_cross_entropy": 1, "cross_entropy": 0}
+    assert model(**inputs).logits is None
+    with torch.no_grad():  # without labels: the original forward, logits and all
+        assert model(input_ids=inputs["input_ids"]).logits.shape[-1] == model.config.vocab_size
+    kernelab.unpatch(model)
+    assert "forward" not in model.__dict__
+
+
+def test_fused_lm_head_refused_where_the_forward_does_more():
+    model, _ = _build("mixtral")  # the router's load-balancing loss is added to the LM loss
+    report = kernelab.patch(model, fused_lm_head=True)
+    assert any(s.kind == "loss" and "fused LM head: fused loss differs" in s.reason for s in report.skipped)
+    assert [s.op for s in report.swapped if s.kind == "loss"] == ["cross_entropy (causal LM: labels shifted)"]
 
 
 # ============================================================================= the report

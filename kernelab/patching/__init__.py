@@ -14,7 +14,9 @@ swap is confirmed numerically first (details in each rule's module):
 * gated MLPs (``mlp.py``): three Linear children and a SiLU/GELU activation computing
   ``down(act(gate(x)) * up(x))`` -> the product through ``silu_mul`` / ``gelu_mul``;
 * the loss (``loss.py``): HF's ``model.loss_function`` (causal LM or unshifted) -> ``cross_entropy``
-  reading the logits in their dtype (no float32 copy).
+  reading the logits in their dtype (no float32 copy);
+* opt-in, ``fused_lm_head=True`` (``lm_head.py``): a causal LM's head and loss -> ``linear_cross_entropy``
+  (the logits never held; ``logits`` is None in the output when labels are given).
 
 How: a swap sets an attribute on the instance (the module's ``forward``, the model's
 ``loss_function``); the class, the parameters and the state_dict are never touched, so ``unpatch``
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 import torch.nn as nn
 
 from ..errors import KernelabError
-from . import install, loss, mlp, norms
+from . import install, lm_head, loss, mlp, norms
 from .report import PatchReport, Skip, Swap
 
 __all__ = ["patch", "unpatch", "PatchReport", "Swap", "Skip"]
@@ -76,20 +78,34 @@ def _plans(model: nn.Module, options: dict) -> list:
     for path, module in model.named_modules():
         plans += _forward_plans(path, module, options, caches)
         if options["loss"] and loss.is_candidate(module):
-            record, fn = loss.plan(path, module)
-            plans.append((record, None if fn is None else (module, "loss_function", fn)))
+            plans += _loss_plans(path, module, options)
     return plans
 
 
-def patch(model: nn.Module, *, norms: bool = True, mlp: bool = True, loss: bool = True) -> PatchReport:
+def _loss_plans(path: str, model, options: dict) -> list:
+    """The fused head + loss when asked for and the probe agrees, else the loss function alone."""
+    plans = []
+    if options["fused_lm_head"]:
+        record, forward = lm_head.plan(path, model)
+        if forward is not None:
+            return [(record, (model, "forward", forward))]
+        plans.append((record, None))
+    record, fn = loss.plan(path, model)
+    return plans + [(record, None if fn is None else (model, "loss_function", fn))]
+
+
+def patch(model: nn.Module, *, norms: bool = True, mlp: bool = True, loss: bool = True,
+          fused_lm_head: bool = False) -> PatchReport:
     """Swap ``model``'s norms, gated MLP activations and loss for kernelab ops, in place.
 
-    Each kind can be turned off (``norms=False`` ...). Returns a :class:`PatchReport`: every swap
+    Each kind can be turned off (``norms=False`` ...). ``fused_lm_head=True`` (with ``loss``) fuses
+    a causal LM's head with its loss (``linear_cross_entropy``: no logits held; the output's
+    ``logits`` is then None when labels are given; see ``lm_head.py``). Returns a :class:`PatchReport`: every swap
     (path, kind, op, module class) and every candidate left alone with the reason. Outputs and
     gradients match the unpatched model within the dtype's rounding; ``unpatch(model)`` undoes it.
     """
     model = _root(model)
-    options = {"norms": bool(norms), "mlp": bool(mlp), "loss": bool(loss)}
+    options = {"norms": bool(norms), "mlp": bool(mlp), "loss": bool(loss), "fused_lm_head": bool(fused_lm_head)}
     state = model.__dict__.get(STATE_ATTR)
     if state is not None:
         if state.options != options:

@@ -21,8 +21,8 @@ by it. The loss value has the logits' dtype (for bf16 logits it is rounded to 8 
 ~0.2 %, then returned as float32 as HF does); the gradient is not affected by that rounding. With
 ``num_items_in_batch`` the scale 1 / num_items reaches the kernel rounded to the logits' dtype.
 
-A fused LM head + loss (``linear_cross_entropy``: the logits never held) needs the model's forward
-replaced, not its loss function: not done here.
+The LM head and the loss fused (``linear_cross_entropy``: the logits never held) replace the
+model's forward instead: ``lm_head.py``, ``patch(model, fused_lm_head=True)``.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def is_candidate(module) -> bool:
         return False
 
 
-def _reads_loss_function(module) -> bool:
+def reads_loss_function(module) -> bool:
     forward = inspect.unwrap(type(module).forward)
     code = getattr(forward, "__code__", None)
     return code is not None and "loss_function" in code.co_names
@@ -121,7 +121,7 @@ def _matching_formula(loss_function) -> tuple[str | None, str]:
 def plan(path: str, model):
     """(Swap, the new loss function) or (Skip, None) for a model with a ``loss_function``."""
     cls = type(model).__name__
-    if not _reads_loss_function(model):
+    if not reads_loss_function(model):
         return Skip(path, "loss", "forward does not call self.loss_function (loss computed inline)", cls), None
     current = model.loss_function
     if install.is_kernelab(current):
