@@ -43,8 +43,12 @@ _REDUCTIONS = ("none", "mean", "sum")
 #: near N x H elements instead (ceil(N / ceil(V / H)) rows, a power of two). Not tuned on a GPU.
 CHUNK_BYTES = 256 * 2**20
 #: Columns per step of the fused kernel's row loops (cross_entropy's forward uses 2048 above 8192
-#: classes); not tuned for this kernel.
+#: classes), and warps from them (16 elements a thread). A chunk of fewer than FEW_ROWS_PER_SM rows
+#: per SM (small chunks: Liger's rule gives 128-256 rows) runs FEW_ROWS_BLOCK_C columns per step,
+#: so that the few programs there are keep enough loads in flight. Neither is tuned on a GPU.
 BLOCK_C = 2048
+FEW_ROWS_BLOCK_C = 8192
+FEW_ROWS_PER_SM = 4
 #: Elements per step of the in-place scale kernel, and its programs per SM.
 SCALE_BLOCK = 4096
 SCALE_PER_SM = 4
@@ -116,7 +120,8 @@ def _logits_into(out, hidden_c, weight, bias):
 
 def _launch_rows(logits, target, scale, denom, loss_rows, smoothing, ignore_index, scaled, mean, grad):
     r, v = logits.shape
-    block_c = min(_common.next_pow2(v), BLOCK_C)
+    few = r < FEW_ROWS_PER_SM * _common.sm_count(logits.device)
+    block_c = min(_common.next_pow2(v), FEW_ROWS_BLOCK_C if few else BLOCK_C)
     _common.launch(_lce_kernel, (r,))(
         logits, target, scale if scaled else denom, denom, loss_rows,
         logits.stride(0), scale.stride(0) if scaled and scale.dim() else 0, r, v, ignore_index, smoothing,
@@ -323,6 +328,16 @@ def _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_rows)
         raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
 
 
+def _autocast(hidden, weight, bias):
+    """Under torch.autocast, the dtype F.linear would compute in (a float32 LM head in a bfloat16
+    autocast region): the casts are differentiable, the gradients flow back to the float32 tensors."""
+    if not isinstance(hidden, torch.Tensor) or not torch.is_autocast_enabled(hidden.device.type):
+        return hidden, weight, bias
+    dtype = torch.get_autocast_dtype(hidden.device.type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                 for t in (hidden, weight, bias))
+
+
 def _needs_grad(t) -> bool:
     return t is not None and t.requires_grad and torch.is_grad_enabled()
 
@@ -350,10 +365,12 @@ def linear_cross_entropy(
     logits of about CHUNK_BYTES), forward and backward: peak memory is one chunk of logits beside
     the gradients. Gradients are computed only for the tensors that require them; the weight
     gradient accumulates across chunks in the weight's dtype (cuBLAS addmm, beta = 1: one rounding
-    per chunk, as Liger-Kernel's default). A double backward (``create_graph=True``) differentiates
+    per chunk, as Liger-Kernel's default). Under ``torch.autocast`` the inputs are first cast to
+    its dtype, as ``F.linear`` would. A double backward (``create_graph=True``) differentiates
     PyTorch's formula instead, holding the full logits. Without CUDA and without
     ``TRITON_INTERPRET=1`` (or for float64) the PyTorch formula runs, with the full logits.
     """
+    hidden, weight, bias = _autocast(hidden, weight, bias)
     _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_rows)
     smoothing = float(label_smoothing) if label_smoothing > 0 else 0.0  # negative or NaN: none, as in PyTorch
     v, h = weight.shape

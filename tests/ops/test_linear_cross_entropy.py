@@ -126,6 +126,27 @@ def test_only_the_gradients_that_are_required():
     assert_close(dh, torch.autograd.grad(ref, [hr])[0], torch.float32, "dh alone")
 
 
+def test_autocast_casts_like_linear():
+    """A float32 head under autocast computes in the autocast dtype; gradients reach the float32 tensors."""
+    hidden, weight, bias = inputs(11, 32, 60, torch.float32)
+    t = targets((11,), 60)
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = K.linear_cross_entropy(hidden, weight, t, bias, chunk_rows=4)
+    got = torch.autograd.grad(y, [hidden, weight, bias])
+    h16, w16, b16 = (x.detach().half().requires_grad_() for x in (hidden, weight, bias))
+    ref, refs = reference(h16, w16, t, b16)
+    assert_close(y, ref, torch.float16, "loss under autocast")
+    for a, r in zip(got, torch.autograd.grad(ref, list(refs))):
+        assert a.dtype == torch.float32
+        assert_close(a, r, torch.float16, "gradient under autocast")
+
+
+def test_few_rows_per_chunk_take_long_blocks():
+    """Chunks of fewer rows than 4 per SM (4 SMs under the interpreter) run the long-block launch."""
+    hidden, weight, bias = inputs(40, 16, 9000, torch.float32)
+    check(hidden, weight, targets((40,), 9000), bias, chunk_rows=8, label_smoothing=0.1)
+
+
 def test_integer_target_dtypes():
     hidden, weight, bias = inputs(9, 16, 20, torch.float32)
     t = targets((9,), 20, ignore_every=0)
