@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Every kernelab.ops benchmark in one go, on a CUDA GPU: checks first, then timings.
 
-    python benchmarks/bench_ops.py OUT_DIR [--budget-s 370] [--workers 6] [--ops softmax ...]
+    python benchmarks/bench_ops.py OUT_DIR [--budget-s 370] [--workers 6] [--ops softmax ...] [--grid pow2|model|all]
 
 1. the copy ceiling: a 4 GiB device-to-device copy, bytes read + written (before anything else
    runs on the GPU);
@@ -11,7 +11,8 @@
    inputs past 2^31 elements (kernelab only, float64 reference, poisoned outputs);
 4. the grid (kernelab.bench.specs): every op, forward and forward+backward, kernelab / eager /
    torch.compile / Liger, each checked against float64 then timed; cases that would start after
-   the budget are recorded as skipped.
+   the budget are recorded as skipped. ``--grid model``: the widths and vocabularies of real
+   models (``specs.MODEL_ROW_GRID``, ``MODEL_CE_GRID``) instead of the powers of two; ``all``: both.
 
 Writes under OUT_DIR: ops_bench.csv (one row per op/shape/pass/provider, GPU, versions and date in
 every row), ops_checks.csv, ops_<op>_<dtype>.png, and prints the table last.
@@ -41,9 +42,9 @@ ORDER = ["softmax", "layer_norm", "rms_norm", "cross_entropy", "log_softmax", "s
 
 #: kernelab-only variants of launch settings (op, shape, fwd+bwd?, label, {"module.ATTR": value}),
 #: timed like the grid (same checks, same timer) and written as provider "kernelab~<label>".
+#: (The norms' launch settings are data, ``norms.NormConfig``: benchmarks/norm_tune.py times them.)
 VARIANTS = [
     ("cross_entropy", (8192, 32000), True, "bwd chunk 2048", {"cross_entropy.BWD_BLOCK_C": 2048}),
-    ("layer_norm", (32768, 4096), True, "bwd 16 programs/SM", {"norms.BWD_PROGRAMS_PER_SM": 16}),
 ]
 
 
@@ -142,6 +143,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=6, help="compile-ahead worker processes (0: none)")
     p.add_argument("--ops", nargs="+", default=ORDER)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--grid", choices=("pow2", "model", "all"), default="pow2",
+                   help="the shapes: powers of two, the widths of real models, or both (kernelab.bench.specs)")
     p.add_argument("--skip-checks", action="store_true")
     p.add_argument("--variants-s", type=float, default=0.0, help="seconds for kernelab-only launch-setting variants, run last")
     p.add_argument("--timer", choices=("do_bench", "kernels"), default="do_bench",
@@ -177,7 +180,7 @@ def main() -> int:
 
     workers = []
     for i in range(args.workers):
-        cmd = [sys.executable, "-m", "kernelab.bench.prewarm", str(i), str(args.workers), args.dtype, *args.ops]
+        cmd = [sys.executable, "-m", "kernelab.bench.prewarm", str(i), str(args.workers), args.dtype, "--grid", args.grid, *args.ops]
         wenv = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), TORCHINDUCTOR_COMPILE_THREADS="2")
         workers.append(subprocess.Popen(cmd, cwd=ROOT, env=wenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
 
@@ -211,7 +214,7 @@ def main() -> int:
             console.print(f"  worker: {line}")
     console.print(f"compile-ahead done  [{time.monotonic() - t0:.0f}s]")
 
-    cases = runner.cases(args.ops, dtype)
+    cases = runner.cases(args.ops, dtype, grid=args.grid)
     rows = runner.run(cases, device=device, copy=copy, deadline=t0 + args.budget_s, console=console)
     report.append_csv(rows, args.out)
     report.plot(rows, args.out)

@@ -61,6 +61,8 @@ class Row:
     rel_err: float | None = None
     bytes_model: str = ""
     timer: str = "time_ms"  # timing.time_ms (do_bench, what the caller waits) or kernel_time_ms
+    graph_ms: float | None = None  # extra_timers: GPU time without the host (timing.graph_ms)
+    host_us: float | None = None   # extra_timers: the host's time per call (timing.host_us)
 
 
 def environment(device: torch.device) -> dict:
@@ -77,11 +79,12 @@ def environment(device: torch.device) -> dict:
     return {"date": date, "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "liger": liger}
 
 
-def cases(ops: Iterable[str], dtype: torch.dtype, backward_modes=(False, True), shapes=None) -> list[Case]:
+def cases(ops: Iterable[str], dtype: torch.dtype, backward_modes=(False, True), shapes=None, grid: str = "pow2") -> list[Case]:
+    """Every (op, shape, pass): ``shapes``, or the op's shapes in the named grid (``specs.GRIDS``)."""
     all_specs = S.specs()
     out = []
     for op in ops:
-        for shape in shapes or all_specs[op].shapes:
+        for shape in shapes or S.grid_shapes(all_specs[op], grid):
             for backward in backward_modes:
                 out.append(Case(op, tuple(shape), dtype, backward))
     return out
@@ -117,9 +120,11 @@ def _step(fn, grad_of, backward: bool, grad_out):
 
 
 def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict, copy: float, progress=None, task=None,
-             timer=timing.time_ms) -> list[Row]:
-    """Check and time every provider of one (op, shape, pass) (``timer`` is swappable for CPU tests)."""
-    spec = S.specs()[case.op]
+             timer=timing.time_ms, spec: S.Spec | None = None, extra_timers: dict | None = None) -> list[Row]:
+    """Check and time every provider of one (op, shape, pass) (``timer`` is swappable for CPU tests).
+    ``spec``: instead of the op's own (e.g. with extra providers); ``extra_timers``: Row field name
+    -> timer (``graph_ms``, ``host_us``), run after ``timer`` on the same input sets."""
+    spec = spec or S.specs()[case.op]
     nbytes = S.bytes_moved(spec, case.shape, case.dtype, case.backward)
     gen = torch.Generator(device).manual_seed(zlib.crc32(case.label.encode()))
     # float64 reference on fresh inputs (the providers see the same values, rounded to dtype)
@@ -160,6 +165,8 @@ def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict,
                     for _ in range(timing.sets_needed(per_set))]
             row.ms = timer(step, sets)
             row.timer = getattr(timer, "__name__", str(timer))
+            for field, extra in (extra_timers or {}).items():
+                setattr(row, field, extra(step, sets))
             del sets
             row.tbps = nbytes / (row.ms * 1e-3) / 1e12
             row.pct_copy = 100.0 * row.tbps / copy if copy else None

@@ -26,6 +26,17 @@ import kernelab.ops as K
 ROW_GRID = [(524288, 256), (131072, 1024), (32768, 4096), (16384, 16384), (4096, 65536), (4096, 131072), (2048, 262144), (16, 4096)]
 CE_GRID = [(32768, 4096), (8192, 32000), (4096, 65536), (4096, 128256), (2048, 262144), (16, 32000)]
 POINTWISE_GRID = [(16384, 16384), (16, 4096)]
+#: The widths of the models people train (hidden sizes: BERT/GPT-2 768, 1024; Llama 2048-8192;
+#: Qwen2 2560 and 3584-class, gpt-oss 2880, Mixtral/Llama 4096-5120, DeepSeek 7168, 12288 and
+#: 16384 for the largest), rows = tokens of a step, sized so that each shape moves 100-500 MB.
+MODEL_ROW_GRID = [(65536, 768), (32768, 1024), (16384, 2048), (16384, 2560), (32768, 2880), (16384, 3072),
+                  (16384, 4096), (16384, 5120), (8192, 6144), (8192, 7168), (8192, 8192), (4096, 12288),
+                  (4096, 16384)]
+#: Vocabularies: Llama 2 32000, GPT-2 50257, Llama 3 128256, Qwen2 151936, Gemma 3 262144.
+MODEL_CE_GRID = [(8192, 32000), (8192, 50257), (4096, 128256), (4096, 151936), (2048, 262144)]
+#: Grids by name: ``pow2`` is each spec's own (powers of two), ``model`` the widths above (pointwise
+#: ops keep theirs), ``all`` both.
+GRIDS = ("pow2", "model", "all")
 
 
 @dataclasses.dataclass
@@ -43,6 +54,7 @@ class Spec:
     reference: Callable                      # float64 (args already upcast) -> output
     passes: tuple[int, int]                  # (fwd, fwd+bwd) passes over the [M, N] tensor
     note: str
+    model_shapes: list[tuple[int, int]] | None = None  # the "model" grid (None: ``shapes``)
 
 
 def _randn(shape, dtype, device, gen, scale=1.0, shift=0.0):
@@ -102,26 +114,26 @@ def _specs() -> dict[str, Spec]:
             "softmax", ROW_GRID, _row_inputs(0),
             {"kernelab": lambda x: K.softmax(x, -1), "eager": lambda x: torch.softmax(x, -1),
              **opt("liger", liger_softmax and (lambda x: liger_softmax.apply(x)))},
-            lambda x: torch.softmax(x, -1), (2, 5), row_note,
+            lambda x: torch.softmax(x, -1), (2, 5), row_note, MODEL_ROW_GRID,
         ),
         "log_softmax": Spec(
             "log_softmax", ROW_GRID, _row_inputs(0),
             {"kernelab": lambda x: K.log_softmax(x, -1), "eager": lambda x: torch.log_softmax(x, -1)},
-            lambda x: torch.log_softmax(x, -1), (2, 5), row_note,
+            lambda x: torch.log_softmax(x, -1), (2, 5), row_note, MODEL_ROW_GRID,
         ),
         "layer_norm": Spec(
             "layer_norm", ROW_GRID, _row_inputs(2),
             {"kernelab": lambda x, w, b: K.layer_norm(x, x.shape[-1:], w, b),
              "eager": lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b),
              **opt("liger", liger_ln and (lambda x, w, b: liger_ln.apply(x, w, b, 1e-5)))},
-            lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), (2, 5), row_note + " (+ dw, db)",
+            lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), (2, 5), row_note + " (+ dw, db)", MODEL_ROW_GRID,
         ),
         "rms_norm": Spec(
             "rms_norm", ROW_GRID, _row_inputs(1),
             {"kernelab": lambda x, w: K.rms_norm(x, x.shape[-1:], w, 1e-6),
              "eager": lambda x, w: F.rms_norm(x, x.shape[-1:], w, 1e-6),
              **opt("liger", liger_rms and (lambda x, w: liger_rms.apply(x, w, 1e-6, 0.0, "llama", False)))},
-            lambda x, w: F.rms_norm(x, x.shape[-1:], w, 1e-6), (2, 5), row_note + " (+ dw)",
+            lambda x, w: F.rms_norm(x, x.shape[-1:], w, 1e-6), (2, 5), row_note + " (+ dw)", MODEL_ROW_GRID,
         ),
         "cross_entropy": Spec(
             "cross_entropy", CE_GRID, _ce_inputs,
@@ -131,6 +143,7 @@ def _specs() -> dict[str, Spec]:
              **opt("liger", liger_ce and (lambda x, t: liger_ce.apply(x, t, None)[0]))},
             lambda x, t: F.cross_entropy(x, t), (1, 3),
             "fwd: read logits = 1 pass; fwd+bwd: + read logits, write dlogits = 3 passes (eager/compile upcast to float32)",
+            MODEL_CE_GRID,
         ),
         "add_relu": Spec(
             "add_relu", POINTWISE_GRID, _pair_inputs(bias=False),
@@ -165,6 +178,18 @@ def _specs() -> dict[str, Spec]:
 def specs() -> dict[str, Spec]:
     """All benchmark specs, by op name (built on call: imports Liger only then)."""
     return _specs()
+
+
+def grid_shapes(spec: Spec, grid: str = "pow2") -> list[tuple[int, int]]:
+    """The shapes of ``spec`` in the named grid (see GRIDS)."""
+    if grid not in GRIDS:
+        raise ValueError(f"unknown grid {grid!r}; known: {', '.join(GRIDS)}")
+    model = spec.model_shapes or spec.shapes
+    if grid == "pow2":
+        return list(spec.shapes)
+    if grid == "model":
+        return list(model)
+    return list(dict.fromkeys([*model, *spec.shapes]))
 
 
 def bytes_moved(spec: Spec, shape: tuple[int, int], dtype: torch.dtype, backward: bool) -> int:

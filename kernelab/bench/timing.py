@@ -3,6 +3,8 @@
 * ``time_ms``: ``triton.testing.do_bench`` (CUDA events, warm-up, median of many; it also clears
   L2 between runs) over input sets rotated so that they span more than the L2 cache.
 * ``kernel_time_ms``: the summed GPU time of the kernels alone (torch.profiler), for tuning.
+* ``graph_ms``: GPU time with the host taken out (calls captured in a CUDA graph and replayed);
+  ``host_us``: the host's own time per call. do_bench's figure is about the larger of the two.
 * ``copy_tbps``: the device-to-device copy of 4 GiB measured in the same run, bytes read + written.
 * ``poison``: fills freed allocator blocks of the outputs' sizes with NaN before a provider runs,
   so an output element it does not write shows as NaN instead of as stale correct data.
@@ -39,6 +41,69 @@ def kernel_time_ms(fn, input_sets: list) -> float:
     from kernelab.measure import measure_kernels
 
     return sum(k.duration_us for k in measure_kernels(fn, input_sets[0])) / 1e3
+
+
+def graph_ms(fn, input_sets: list, target_ms: float = 5.0, replays: int = 5) -> float | None:
+    """Milliseconds of GPU time of one ``fn(*inputs)`` with the host taken out: enough calls to
+    fill ~``target_ms`` (cycling through ``input_sets``) captured in one CUDA graph, replayed
+    ``replays`` times, median. None when the calls cannot be captured. What the kernels cost,
+    launch gaps included; :func:`time_ms` minus this is what the host adds."""
+    import torch
+
+    cycle = itertools.cycle(input_sets)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm: lazy allocations and per-stream buffers outside the capture
+                fn(*next(cycle))
+            one = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(one, stream=stream):
+                fn(*next(cycle))
+            estimate = _replay_ms(one, stream, 3)
+            del one
+            calls = max(1, min(500, int(target_ms / max(estimate, 1e-3))))
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(calls):
+                    fn(*next(cycle))
+            times = sorted(_replay_ms(graph, stream, 1) for _ in range(replays))
+            del graph
+        return times[len(times) // 2] / calls
+    except Exception:  # noqa: BLE001 - a provider that cannot be captured has no graph time
+        torch.cuda.synchronize()
+        return None
+    finally:
+        torch.cuda.current_stream().wait_stream(stream)
+
+
+def _replay_ms(graph, stream, times: int) -> float:
+    """Mean milliseconds of ``times`` replays of ``graph`` on ``stream``."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    for _ in range(times):
+        graph.replay()
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) / times
+
+
+def host_us(fn, input_sets: list, calls: int = 10) -> float:
+    """Microseconds the host spends in one ``fn(*inputs)`` (back-to-back calls, the GPU
+    synchronized before and after, not between): Python, dispatch, allocation, launches."""
+    import time
+
+    import torch
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(*input_sets[i % len(input_sets)])
+    host = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
 
 
 def sets_needed(bytes_per_set: int, cap: int = 64) -> int:

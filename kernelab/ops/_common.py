@@ -71,6 +71,14 @@ def traced(*tensors) -> bool:
     return any(t is not None and type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors)
 
 
+def any_requires_grad(*tensors) -> bool:
+    """Some of these tensors (None allowed) requires grad."""
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
 def apply(function: type[torch.autograd.Function], op, *args):
     """Run ``op(*args)`` (the custom op) when tracing, else ``function.apply(*args)``."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -131,9 +139,9 @@ def launch(kernel, grid):
     """``launch(kernel, grid)(*args, num_warps=w, **constexprs)``: ``kernel[grid](...)`` through
     ``kernelab.launch.Launcher`` (Triton's binding and specialization skipped while the arguments
     specialize as at the first launch; the interpreter and launch hooks take Triton's path)."""
-    launcher = _LAUNCHERS.get(kernel)
-    if launcher is None:
-        launcher = _LAUNCHERS[kernel] = Launcher(kernel, INTERPRETED)
+    launcher = _LAUNCHERS.get(id(kernel))  # by id: a JITFunction's hash is its source's cache key
+    if launcher is None or launcher.kernel is not kernel:
+        launcher = _LAUNCHERS[id(kernel)] = Launcher(kernel, INTERPRETED)
     return functools.partial(launcher, grid)
 
 
@@ -145,7 +153,7 @@ def empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 def as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
     """``x`` viewed as ``[M, n]`` rows with unit column stride; copied only when no view exists."""
-    x2 = x.reshape(-1, n)
+    x2 = x if x.dim() == 2 and x.shape[1] == n else x.reshape(-1, n)
     if n > 1 and x2.stride(1) != 1:
         x2 = x2.contiguous()
     return x2
@@ -282,28 +290,35 @@ def occupancy(regs: int, shared: int, num_warps: int, threads: int = SM_THREADS,
     return max(1, min(32, by_threads, by_registers, by_shared))
 
 
-def resident_per_sm(kernel, args: tuple, num_warps: int, device: torch.device, constexprs: dict) -> int:
-    """Programs of ``kernel``, compiled for these arguments (types and specialization, no launch),
-    that one SM of ``device`` runs at once (:func:`occupancy` of the binary). Cached per
-    configuration; 4 off the GPU (the interpreter, compile-only runs), as ``sm_count`` says 4 SMs."""
+def resident_per_sm(kernel, args: tuple, num_warps: int, device: torch.device, constexprs: dict, key=None) -> int | None:
+    """Programs of ``kernel``, compiled for these arguments (types and specialization; compiled,
+    not launched), that one SM of ``device`` runs at once (:func:`occupancy` of the binary); None
+    when the binary cannot be inspected. Cached by ``key`` (the caller's name for everything that
+    decides the binary; by default the constexprs, warps and argument types); 4 off the GPU (the
+    interpreter, compile-only runs), as ``sm_count`` says 4 SMs there."""
     if device.type != "cuda" or INTERPRETED:
         return 4
-    key = (kernel, num_warps, tuple(constexprs.items()), tuple(a.dtype if isinstance(a, torch.Tensor) else a is None for a in args),
-           device.index)
-    got = _RESIDENT.get(key)
-    if got is None:
+    if key is None:
+        key = (kernel, num_warps, tuple(constexprs.items()),
+               tuple(a.dtype if isinstance(a, torch.Tensor) else a is None for a in args), device.index)
+    if key not in _RESIDENT:
+        _RESIDENT[key] = _binary_occupancy(kernel, args, num_warps, device, constexprs)
+    return _RESIDENT[key]
+
+
+def _binary_occupancy(kernel, args: tuple, num_warps: int, device: torch.device, constexprs: dict) -> int | None:
+    try:
         compiled = kernel.warmup(*args, grid=(1,), num_warps=num_warps, **constexprs)
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()
         compiled._init_handles()
-        props = torch.cuda.get_device_properties(device)
-        got = _RESIDENT[key] = occupancy(
-            compiled.n_regs, compiled.metadata.shared, num_warps,
-            getattr(props, "max_threads_per_multi_processor", SM_THREADS),
-            getattr(props, "regs_per_multiprocessor", SM_REGISTERS),
-            getattr(props, "shared_memory_per_multiprocessor", SM_SHARED),
-        )
-    return got
+        regs, shared = compiled.n_regs, compiled.metadata.shared
+    except Exception:  # noqa: BLE001 - another Triton: the caller keeps its own count
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return occupancy(regs, shared, num_warps, getattr(props, "max_threads_per_multi_processor", SM_THREADS),
+                     getattr(props, "regs_per_multiprocessor", SM_REGISTERS),
+                     getattr(props, "shared_memory_per_multiprocessor", SM_SHARED))
 
 
 _WORKSPACES: dict = {}

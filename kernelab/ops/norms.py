@@ -50,9 +50,9 @@ class NormConfig:
     Forward (rows of up to 16384 elements, one-pass): ``fwd_tile`` elements of rows per program
     and ``fwd_per_thread`` elements a thread, None for ``_common.row_tile``'s rule.
 
-    Backward: ``bwd_programs_per_sm`` programs per SM, each summing its rows' dw and db (None: as
-    many as one SM runs at once, computed from the compiled kernel's registers and shared memory,
-    so the grid is one wave and the partial rows are as few as can be); ``bwd_tile`` elements of
+    Backward: ``bwd_programs_per_sm`` programs per SM, each summing its rows' dw and db, with
+    ``bwd_one_wave`` at most as many as one SM runs at once (computed from the compiled kernel's
+    registers and shared memory: the grid is one wave); None: exactly that many; ``bwd_tile`` elements of
     rows per program step and ``bwd_per_thread`` elements a thread; ``bwd_stages`` the software
     pipeline's depth (rows whose loads are in flight while one is reduced: 2 = one row ahead);
     ``bwd_hold_w`` loads w once per program instead of once per row block (BLOCK_N registers more,
@@ -72,6 +72,7 @@ class NormConfig:
     bwd_hold_w: bool = False
     bwd_atomic: bool = False
     bwd_max_fused: int = 8192
+    bwd_one_wave: bool = True
 
 
 DEFAULT = NormConfig()
@@ -454,13 +455,16 @@ def _bwd_tile(m: int, n: int, config: NormConfig) -> _BwdTile:
     return _BwdTile(1, LONG_BWD_TILE, 8, _common.cdiv(n, LONG_BWD_TILE))
 
 
-@functools.lru_cache(maxsize=1024)
-def _bwd_rows(m: int, block_m: int, programs: int) -> tuple[int, int]:
-    """(row programs, rows per program): at most ``programs`` programs, each a whole number of
-    BLOCK_M row blocks."""
-    programs = max(1, min(_common.cdiv(m, block_m), programs))
-    rows_per_program = _common.cdiv(_common.cdiv(m, programs), block_m) * block_m
-    return _common.cdiv(m, rows_per_program), rows_per_program
+class _BwdPlan(NamedTuple):
+    """A backward launch: its tile, the kernel's constexprs and warps, and its grid."""
+
+    tile: _BwdTile
+    kernel_args: dict  # constexprs and num_warps (only ever read)
+    row_programs: int
+    rows_per_program: int
+
+
+_BWD_PLANS: dict = {}
 
 
 def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, need_db: bool,
@@ -475,65 +479,77 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
         db = torch.zeros((n if need_db else 0,), dtype=wdtype, device=x.device)
         return dx, dw, db
     x2, dy2, dx2 = _common.as_rows(x, n), _common.as_rows(dy, n), dx.view(-1, n)
-    flags = dict(RMS=rms, HAS_W=weight is not None, NEED_DW=need_dw, NEED_DB=need_db)
-    tile = _bwd_tile(m, n, config)
     c = None
-    if tile.col_blocks > 1:  # long rows: c1 and c2 first (one more read of x and dy), then column tiles
+    if n > config.bwd_max_fused:  # long rows: c1 and c2 first (one more read of x and dy), then column tiles
         c = torch.empty((m, 2), dtype=torch.float32, device=x.device)
         _common.launch(_norm_bwd_stats_kernel, (m,))(
             x2, weight, dy2, mean, rstd, c, x2.stride(0), dy2.stride(0), m, n,
             RMS=rms, HAS_W=weight is not None, BLOCK_N=LONG_BWD_TILE, num_warps=8,
         )
-    kernel_args = dict(**flags, ROW_IN_TILE=c is None, HOLD_W=config.bwd_hold_w, ATOMIC=config.bwd_atomic,
-                       BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, STAGES=config.bwd_stages, num_warps=tile.warps)
-    if config.bwd_atomic:
-        return (dx, *_backward_atomic(x2, dy2, dx2, weight, mean, rstd, c, m, n, wdtype, tile, kernel_args, config))
-    dw, db = _backward_partials(x2, dy2, dx2, weight, mean, rstd, c, m, n, tile, kernel_args, config)
-    return (dx, *_weight_grads(dw, db, n, wdtype, x.device))
+    atomic = config.bwd_atomic and (need_dw or need_db)
+    if atomic:  # dw and db finished by the backward kernel itself (``_add_weight_grads``)
+        dw = _common.empty((n if need_dw else 0,), wdtype, x.device)
+        db = _common.empty((n if need_db else 0,), wdtype, x.device)
+        ws, count = _common.zeroed_workspace(x.device, 2 * n)
+        sums = (ws, ws, count, dw, db)
+    key = (m, n, rms, weight is not None, need_dw, need_db, config, x.dtype, wdtype, x.device)
+    plan = _BWD_PLANS.get(key)
+    if plan is None:
+        if len(_BWD_PLANS) > 4096:  # many row counts (varying batches): start over
+            _BWD_PLANS.clear()
+        stand_ins = sums if atomic else (rstd if need_dw else None, rstd if need_db else None, None, None, None)
+        plan = _BWD_PLANS[key] = _bwd_plan(key, (x2, weight, dy2, mean, rstd, c, dx2, *stand_ins))
+    if not atomic:  # [programs, N] float32 partial rows, summed by a second kernel
+        sums = (*_partials(need_dw, need_db, plan.row_programs, n, x.device), None, None, None)
+    _common.launch(_norm_bwd_kernel, (plan.row_programs, plan.tile.col_blocks))(
+        x2, weight, dy2, mean, rstd, c, dx2, *sums, x2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
+        plan.rows_per_program, **plan.kernel_args,
+    )
+    if atomic:
+        return dx, dw, db
+    return (dx, *_weight_grads(sums[0], sums[1], n, wdtype, x.device))
 
 
-def _bwd_programs(tile: _BwdTile, config: NormConfig, args: tuple, kernel_args: dict, device) -> int:
-    """Row programs the backward may launch: ``bwd_programs_per_sm`` per SM, or as many as run at
-    once (``_common.resident_per_sm`` of the compiled kernel), shared among the column tiles."""
+def _bwd_plan(key: tuple, pointers: tuple) -> _BwdPlan:
+    """The launch of ``_norm_bwd_kernel`` for ``key`` (see ``_norm_backward``); ``pointers`` are
+    its pointer arguments (stand-ins of the right types where the real ones depend on the grid)."""
+    m, n, rms, has_w, need_dw, need_db, config, _, _, device = key
+    tile = _bwd_tile(m, n, config)
+    constexprs = dict(RMS=rms, HAS_W=has_w, NEED_DW=need_dw, NEED_DB=need_db, ROW_IN_TILE=tile.col_blocks == 1,
+                      HOLD_W=config.bwd_hold_w, ATOMIC=config.bwd_atomic and (need_dw or need_db),
+                      BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, STAGES=config.bwd_stages)
+    x2, dy2, dx2 = pointers[0], pointers[2], pointers[6]
+    args = (*pointers, x2.stride(0), dy2.stride(0), dx2.stride(0), m, n, _common.cdiv(m, 4 * _common.sm_count(device)))
+    programs = _bwd_programs(tile, config, args, constexprs, device)
+    row_programs, rows_per_program = _bwd_rows(m, tile.block_m, programs)
+    return _BwdPlan(tile, dict(constexprs, num_warps=tile.warps), row_programs, rows_per_program)
+
+
+def _bwd_rows(m: int, block_m: int, programs: int) -> tuple[int, int]:
+    """(row programs, rows per program): at most ``programs`` programs, each a whole number of
+    BLOCK_M row blocks."""
+    programs = max(1, min(_common.cdiv(m, block_m), programs))
+    rows_per_program = _common.cdiv(_common.cdiv(m, programs), block_m) * block_m
+    return _common.cdiv(m, rows_per_program), rows_per_program
+
+
+def _bwd_programs(tile: _BwdTile, config: NormConfig, args: tuple, constexprs: dict, device) -> int:
+    """Row programs the backward may launch, shared among the column tiles: ``bwd_programs_per_sm``
+    per SM, with ``bwd_one_wave`` never more than one SM runs at once (``_common.resident_per_sm``
+    of the compiled kernel); None: exactly that many.
+
+    The cap keeps the grid to one wave. Without it, at 2560-4096 columns (71 registers a thread at
+    8 warps: 3 programs an SM) 4 programs an SM ran as a full wave and a wave a third full, and at
+    5120-8192 (90-106 registers at 16 warps: 1 an SM) as four waves with four times the partial
+    rows (``python -m tests.ops.sm90 --norms``). A program of the single wave sums 4/3 as many rows
+    as before, against the default's two waves of R rows (the second with one program an SM, at
+    least a third of three's pace): never longer, and fewer partial rows to write and sum."""
     per_sm = config.bwd_programs_per_sm
-    if per_sm is None:
-        kw = dict(kernel_args)
-        per_sm = _common.resident_per_sm(_norm_bwd_kernel, args, kw.pop("num_warps"), device, kw)
-    return max(1, per_sm * _common.sm_count(device) // tile.col_blocks)
-
-
-def _backward_partials(x2, dy2, dx2, weight, mean, rstd, c, m: int, n: int, tile: _BwdTile, kernel_args: dict,
-                       config: NormConfig):
-    """dx into ``dx2``; returns the [programs, N] float32 partial rows of dw and db."""
-    def args(dw, db, rows_per_program):
-        return (x2, weight, dy2, mean, rstd, c, dx2, dw, db, None, None, None,
-                x2.stride(0), dy2.stride(0), dx2.stride(0), m, n, rows_per_program)
-
-    programs = _bwd_programs(tile, config, args(rstd, rstd, 2), kernel_args, x2.device)
-    row_programs, rows_per_program = _bwd_rows(m, tile.block_m, programs)
-    dw, db = _partials(kernel_args["NEED_DW"], kernel_args["NEED_DB"], row_programs, n, x2.device)
-    _common.launch(_norm_bwd_kernel, (row_programs, tile.col_blocks))(*args(dw, db, rows_per_program), **kernel_args)
-    return dw, db
-
-
-def _backward_atomic(x2, dy2, dx2, weight, mean, rstd, c, m: int, n: int, wdtype, tile: _BwdTile, kernel_args: dict,
-                     config: NormConfig):
-    """dx into ``dx2``; (dw, db) finished by the backward kernel itself (``_add_weight_grads``)."""
-    need_dw, need_db = kernel_args["NEED_DW"], kernel_args["NEED_DB"]
-    dw = _common.empty((n if need_dw else 0,), wdtype, x2.device)
-    db = _common.empty((n if need_db else 0,), wdtype, x2.device)
-    if not (need_dw or need_db):
-        kernel_args = dict(kernel_args, ATOMIC=False)
-    ws, count = _common.zeroed_workspace(x2.device, 2 * n)
-
-    def args(rows_per_program):
-        return (x2, weight, dy2, mean, rstd, c, dx2, ws, ws, count, dw, db,
-                x2.stride(0), dy2.stride(0), dx2.stride(0), m, n, rows_per_program)
-
-    programs = _bwd_programs(tile, config, args(2), kernel_args, x2.device)
-    row_programs, rows_per_program = _bwd_rows(m, tile.block_m, programs)
-    _common.launch(_norm_bwd_kernel, (row_programs, tile.col_blocks))(*args(rows_per_program), **kernel_args)
-    return dw, db
+    if per_sm is None or config.bwd_one_wave:
+        resident = _common.resident_per_sm(_norm_bwd_kernel, args, tile.warps, device, constexprs)
+        if resident is not None:
+            per_sm = resident if per_sm is None else min(per_sm, resident)
+    return max(1, (per_sm or 4) * _common.sm_count(device) // tile.col_blocks)
 
 
 def _partials(need_dw: bool, need_db: bool, programs: int, n: int, device: torch.device):
@@ -677,10 +693,13 @@ def _run(input, n, weight, bias, eps, rms, config: Optional[NormConfig] = None):
             return t
         return t.reshape(n).contiguous()
 
-    args = (input, n, flat(weight), flat(bias), float(eps), rms)
-    if config is None:
-        return _common.apply(_Norm, _norm_op, *args)[0]
-    return _Norm.apply(*args, config)[0]
+    weight, bias = flat(weight), flat(bias)
+    args = (input, n, weight, bias, float(eps), rms)
+    if config is None and _common.traced(input, weight, bias):
+        return _norm_op(*args)[0]
+    if not (torch.is_grad_enabled() and _common.any_requires_grad(input, weight, bias)):
+        return _norm_forward(*args, config or DEFAULT)[0]  # nothing to differentiate: no autograd node
+    return _Norm.apply(*args)[0] if config is None else _Norm.apply(*args, config)[0]
 
 
 def _layer_norm(input, normalized_shape, weight, bias, eps, config: Optional[NormConfig]):

@@ -4,6 +4,11 @@ cannot (Triton front-end rules, register spills).
 
 Run as ``python -m tests.ops.sm90`` WITHOUT TRITON_INTERPRET (kernels must be JIT functions);
 prints one line per configuration and exits non-zero when one fails to compile.
+
+``python -m tests.ops.sm90 --norms [WIDTH ...]``: the norm kernels at the model widths of the
+benchmark grid (``kernelab.bench.specs.MODEL_ROW_GRID``), bf16, for each launch setting that
+``benchmarks/norm_tune.py`` times: registers, spills, shared memory, programs one SM runs at once
+(``_common.occupancy``), lanes masked off in the tile, and the backward's grid and partial rows.
 """
 
 from __future__ import annotations
@@ -76,11 +81,38 @@ def compile_sm90(kernel, args, kwargs) -> dict:
         usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
     regs, stack, _, local = (int(g) for g in found.groups())
-    return {"regs": regs, "stack": stack, "local": local, "dtypes": sorted({v for k, v in sig.items() if v.startswith("*")})}
+    return {"regs": regs, "stack": stack, "local": local, "shared": compiled.metadata.shared,
+            "dtypes": sorted({v for k, v in sig.items() if v.startswith("*")})}
+
+
+def norm_settings(backward: bool) -> dict:
+    """The norms' launch settings that ``benchmarks/norm_tune.py`` times (one list, kept there)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    from norm_tune import settings
+
+    return settings(backward)
+
+
+def run_norm_settings(n: int, m: int = 64) -> None:
+    """layer_norm and rms_norm forward and backward (bf16, weight and bias with grad) under every
+    launch setting ``benchmarks/norm_tune.py`` times."""
+    import kernelab.ops as K
+    from kernelab.ops import norms
+
+    for backward in (False, True):
+        for config in norm_settings(backward).values():
+            ops = norms.configured(config) if config is not None else K
+            x = torch.randn(m, n, dtype=torch.bfloat16, requires_grad=backward)
+            w = torch.randn(n, dtype=torch.bfloat16, requires_grad=backward)
+            b = torch.randn(n, dtype=torch.bfloat16, requires_grad=backward)
+            for y, inputs in ((ops.layer_norm(x, (n,), w, b), (x, w, b)), (ops.rms_norm(x, (n,), w, 1e-6), (x, w))):
+                if backward:
+                    torch.autograd.grad(y, inputs, torch.ones_like(y))
 
 
 def workloads():
-    """The launches to compile: the benchmark grid's bf16 shapes (with few rows) and odd shapes."""
+    """The launches to compile: the benchmark grid's bf16 shapes (with few rows), the model widths
+    under every launch setting of the norms, and odd shapes."""
     import kernelab.ops as K
 
     def run(dtype, n, m=64):
@@ -95,9 +127,66 @@ def workloads():
 
     for n in (256, 1024, 4096, 16384, 65536, 262144, 32000):
         yield f"bf16 N={n}", lambda n=n: run(torch.bfloat16, n)
+    for n in (2880, 7168, 12288):  # model widths: every launch setting of the norms' tuning run
+        yield f"bf16 N={n}", lambda n=n: run_norm_settings(n)
     for n in (7, 4097):
         yield f"fp32 N={n}", lambda n=n: run(torch.float32, n, m=5)
         yield f"fp16 N={n}", lambda n=n: run(torch.float16, n, m=5)
+
+
+def norm_table(widths=None) -> int:
+    """One line per (width, op, setting, kernel): what ptxas made of the norm kernels at the model
+    widths, and what that means on an H200 (132 SMs): resident programs per SM, the backward's
+    programs and its [programs, N] float32 partial rows against the bytes of x, dy and dx."""
+    import kernelab.ops as K
+    from kernelab.bench import specs
+    from kernelab.ops import _common, norms
+
+    rows_of = {n: m for m, n in specs.MODEL_ROW_GRID}
+    widths = widths or list(rows_of)
+    failures = 0
+    for n in widths:
+        m = rows_of.get(n, 8192)
+        for rms in (False, True):
+            for label, config in norm_settings(backward=True).items():
+                ops = norms.configured(config) if config is not None else K
+                x = torch.randn(64, n, dtype=torch.bfloat16, requires_grad=True)
+                w = torch.randn(n, dtype=torch.bfloat16, requires_grad=True)
+                b = torch.randn(n, dtype=torch.bfloat16, requires_grad=True)
+
+                def step():
+                    y = ops.rms_norm(x, (n,), w, 1e-6) if rms else ops.layer_norm(x, (n,), w, b, 1e-5)
+                    torch.autograd.grad(y, [x, w] if rms else [x, w, b], torch.ones_like(y))
+
+                for kernel, args, kwargs in record_launches(step):
+                    if kwargs.get("warmup"):
+                        continue
+                    name = kernel.fn.__name__
+                    warps = kwargs.get("num_warps", 4)
+                    try:
+                        r = compile_sm90(kernel, args, kwargs)
+                    except Exception as e:  # noqa: BLE001 - report every failure, keep going
+                        failures += 1
+                        print(f"FAIL N={n} {'rms' if rms else 'ln'} {label}: {name}: {type(e).__name__}: {str(e)[:300]}")
+                        continue
+                    per_sm = _common.occupancy(r["regs"], r["shared"], warps)
+                    block_n = kwargs.get("BLOCK_N", 0)
+                    idle = 100 * (1 - n / block_n) if block_n and block_n >= n else 0
+                    extra = ""
+                    if name == "_norm_bwd_kernel":
+                        cfg = config or norms.DEFAULT
+                        tile = norms._bwd_tile(m, n, cfg)
+                        per = cfg.bwd_programs_per_sm
+                        per = per_sm if per is None else min(per, per_sm) if cfg.bwd_one_wave else per
+                        programs, _ = norms._bwd_rows(m, tile.block_m, per * 132 // tile.col_blocks)
+                        waves = -(-programs * tile.col_blocks // (per_sm * 132))
+                        parts = (2 - rms) * programs * n * 4 * (0 if (config and config.bwd_atomic) else 2)
+                        extra = (f" M={m}: programs={programs}x{tile.col_blocks} waves={waves}"
+                                 f" partials(w+r)={100 * parts / (3 * m * n * 2):.1f}% of x,dy,dx")
+                    print(f"N={n:5d} {'rms' if rms else 'ln ':3s} {label[:26]:26s} {name:24s} warps={warps:2d}"
+                          f" BLOCK_N={block_n:5d} idle={idle:4.1f}% regs={r['regs']:3d}"
+                          f" spill={r['stack'] + r['local']:3d} smem={r['shared']:6d} per_sm={per_sm:2d}{extra}", flush=True)
+    return 1 if failures else 0
 
 
 def main() -> int:
@@ -106,6 +195,8 @@ def main() -> int:
     assert not _common.INTERPRETED, "run without TRITON_INTERPRET"
     _common.use_triton = lambda t: t.dtype in _common.FLOAT_DTYPES
     _common.sm_count = lambda device: 132
+    if sys.argv[1:2] == ["--norms"]:
+        return norm_table([int(a) for a in sys.argv[2:]] or None)
     done, failures = set(), 0
     for label, work in workloads():
         for kernel, args, kwargs in record_launches(work):

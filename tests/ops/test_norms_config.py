@@ -18,6 +18,7 @@ from tests.ops.helpers import randn, ref_copy
 CONFIGS = {
     "default": norms.DEFAULT,
     "resident grid": norms.NormConfig(bwd_programs_per_sm=None),
+    "4/SM in waves": norms.NormConfig(bwd_one_wave=False),
     "1 program/SM, 3 stages, w held": norms.NormConfig(bwd_programs_per_sm=1, bwd_stages=3, bwd_hold_w=True),
     "atomic, 1 program/SM": norms.NormConfig(bwd_atomic=True, bwd_programs_per_sm=1),
     "atomic, long rows past 4096": norms.NormConfig(bwd_atomic=True, bwd_max_fused=4096),
@@ -73,3 +74,19 @@ def test_atomic_workspace_is_left_zero_and_reused():
 def test_configured_rejects_other_settings():
     with pytest.raises(TypeError, match="NormConfig"):
         norms.configured({"bwd_atomic": True})
+
+
+def test_occupancy_of_the_h200_binaries():
+    """Programs an SM runs at once, for register / shared-memory figures ptxas gave the backward
+    (``python -m tests.ops.sm90 --norms``): threads, registers per warp in units of 256, shared
+    memory with 1 KiB reserved per program."""
+    assert _common.occupancy(106, 49236, 16) == 1   # 5120-8192 columns, 16 warps
+    assert _common.occupancy(71, 24628, 8) == 3     # 2560-4096 columns, 8 warps
+    assert _common.occupancy(64, 24628, 8) == 4
+    assert _common.occupancy(115, 10296, 4) == 4    # 768-1024 columns, 4 warps
+    assert _common.occupancy(94, 10280, 4) == 5
+    assert _common.occupancy(64, 98392, 16) == 2    # shared memory: two 97 KiB programs fit 228 KiB
+    assert _common.occupancy(64, 120_000, 4) == 1
+    assert _common.occupancy(32, 0, 1) == 32        # at most 32 programs an SM
+    # off the GPU (interpreter), the count the launchers' 4 simulated SMs assume
+    assert _common.resident_per_sm(None, (), 4, torch.device("cpu"), {}) == 4
