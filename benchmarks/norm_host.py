@@ -116,6 +116,9 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="cProfile kernelab's forward+backward, top functions")
     p.add_argument("--settings", action="store_true", help="also every launch setting of norm_tune.py")
     args = p.parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # eager's CPU kernels of 512 elements: no thread pool to wake
     stub_launches()
     for op in args.ops:
         pairs = steps(op, args.settings)

@@ -68,8 +68,6 @@ def settings(backward: bool) -> dict:
         # dw, db by atomics, finished by the last program: one launch, no partial rows, no sum kernel
         "atomic": NormConfig(bwd_atomic=True),
         "atomic resident": NormConfig(bwd_atomic=True, bwd_programs_per_sm=None),
-        # half the warps a program at the widths above 4096 (32 elements a thread)
-        "atomic 32 a thread": NormConfig(bwd_atomic=True, bwd_per_thread=32),
     }
 
 
