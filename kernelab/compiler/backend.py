@@ -42,6 +42,7 @@ def decompositions() -> dict:
         aten.elu_backward, aten.softplus, aten.softplus_backward, aten.hardswish, aten.hardsigmoid,
         aten.mish, aten.addcmul, aten.addcdiv, aten.lerp, aten.mse_loss, aten.mse_loss_backward,
         aten.clamp_min, aten.clamp_max, aten.rsub, aten.square, aten.logsumexp, aten.var_mean.correction,
+        aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,  # inference batch norm: pointwise
     ]
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(extra))
@@ -56,7 +57,11 @@ def decompositions() -> dict:
 
 
 #: Ops kept out of the decomposition table, each with its backward op run as ATen alongside it.
-_KEEP_WHOLE = ("_scaled_dot_product_flash_attention_for_cpu",)
+#: The CPU flash attention (see above); batch norm's backward: decomposed, it is reductions over
+#: (N, H, W) per channel, which no template generates, so ATen ran them as ~10 kernels per norm
+#: where its own backward is one or two (torchvision ResNet-50 training: 1359 kernels a step
+#: against eager's 782, H200, benchmarks/results/models_h200_run3.csv).
+_KEEP_WHOLE = ("_scaled_dot_product_flash_attention_for_cpu", "native_batch_norm_backward")
 
 
 def _debug() -> int:

@@ -25,14 +25,57 @@ import torch.fx as fx
 
 from . import fusion
 
-__all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "rewrite"]
+__all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties",
+           "unsqueezes_toward_inputs", "rewrite"]
 
 aten = torch.ops.aten
 
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return fills_without_inputs(gm) + cats_without_empties(gm) + one_hot_indexing(gm) + casts_through_views(gm)
+    return (fills_without_inputs(gm) + cats_without_empties(gm) + one_hot_indexing(gm) + casts_through_views(gm)
+            + unsqueezes_toward_inputs(gm))
+
+
+def unsqueezes_toward_inputs(gm: fx.GraphModule) -> int:
+    """``unsqueeze(f(a, b), d)`` -> ``f(unsqueeze(a, d), unsqueeze(b, d))`` for a pointwise ``f``
+    whose operands all have its shape and whose only reader is the unsqueeze; repeated up the
+    chain. Inference batch norm computes ``rsqrt(running_var + eps)`` per channel, shape (C,),
+    then unsqueezes it twice to (C, 1, 1) to scale the (N, C, H, W) activations: the unsqueezes
+    stood between the per-channel ops and the kernel that reads them, so each norm ran two
+    C-element kernels of its own. Moved to the inputs, the per-channel ops have a shape that
+    broadcasts against the activations and are recomputed inside their kernel (as Inductor does)."""
+    count = 0
+    work = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.unsqueeze.default]
+    while work:
+        lifted = _lift_unsqueeze(gm, work.pop())
+        count += lifted is not None
+        work.extend(lifted or ())
+    return _cleanup(gm, count)
+
+
+def _lift_unsqueeze(gm, node) -> list | None:
+    """The unsqueezes made on the operands (to lift further), or None where ``node`` stays."""
+    src, dim = node.args[0], node.args[1]
+    if not isinstance(src, fx.Node) or src.op != "call_function" or len(src.users) != 1:
+        return None
+    val = fusion.value(src)
+    if fusion.classify(src)[0] != "pointwise" or not isinstance(val, torch.Tensor) or not hasattr(val, "fake_mode"):
+        return None
+    operands = [a for a in src.args if isinstance(a, fx.Node)]
+    if not operands or "memory_format" in src.kwargs or \
+            any(tuple(fusion.value(a).shape) != tuple(val.shape) for a in operands):
+        return None
+    b = _Builder(gm, node, val)
+    args = [b.op(aten.unsqueeze.default, a, dim) if isinstance(a, fx.Node) else a for a in src.args]
+    lifted = b.op(src.target, *args, **src.kwargs)
+    node.replace_all_uses_with(lifted)
+    gm.graph.erase_node(node)
+    gm.graph.erase_node(src)
+    # the new operand unsqueezes lift further, and an unsqueeze reading the lifted op (the second
+    # of two) may lift now
+    return [a for a in args if isinstance(a, fx.Node)] + \
+        [u for u in lifted.users if u.target is aten.unsqueeze.default]
 
 
 def cats_without_empties(gm: fx.GraphModule) -> int:

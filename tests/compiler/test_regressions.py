@@ -346,3 +346,26 @@ def test_cache_grown_from_empty_is_a_generated_copy():
     assert actual[1].is_contiguous()
     plan = klc.explain(attend, q, k)
     assert not any(op.startswith("aten.cat") for _, op, _ in plan.graphs[0].eager)
+
+
+def test_inference_batch_norm_is_one_kernel_with_its_relu():
+    """Eval-mode batch norm decomposes to per-channel ops, (C,), unsqueezed to (C, 1, 1): the
+    unsqueezes move to the inputs so the per-channel math is recomputed inside the kernel that
+    normalizes (and applies the ReLU and the residual add), one kernel per norm, not three."""
+    bn = torch.nn.BatchNorm2d(6).eval()
+    with torch.no_grad():
+        bn.running_mean.copy_(_r(6, seed=1))
+        bn.running_var.copy_(_r(6, seed=2).abs() + 0.5)
+        bn.weight.copy_(_r(6, seed=3))
+        bn.bias.copy_(_r(6, seed=4))
+
+    def block(x, skip):
+        return (bn(x) + skip).relu()
+
+    x, skip = _r(2, 6, 5, 7), _r(2, 6, 5, 7, seed=5)
+    with torch.no_grad():
+        assert_close(torch.compile(block, backend="kernelab")(x, skip), block(x, skip), what="bn + add + relu")
+        plan = klc.explain(block, x, skip)
+    graph = plan.graphs[0]
+    assert len(graph.groups) == 1, [g.ops for g in graph.groups]
+    assert not graph.eager, graph.eager
