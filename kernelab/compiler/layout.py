@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from . import fusion
 
-__all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "padded_cols", "Padding", "plan", "MATMULS"]
+__all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "PAD_N", "padded_cols", "pads_columns", "Padding", "plan", "MATMULS"]
 
 #: Rows shorter than this stay unpadded (Inductor's ``padding_stride_threshold``): the padding's
 #: memory and the broken-up contiguous spans cost more than an unaligned product loses there.
@@ -55,6 +55,22 @@ def padded_cols(n_cols: int, itemsize: int) -> int:
         return n_cols
     per = ALIGN_BYTES // itemsize
     return -(-n_cols // per) * per
+
+
+#: Whether a padded product also pads its N (the weight copied into padded columns, as Inductor's
+#: ``pad_mm`` does), for products of at least ``PAD_N_MIN_ROWS`` rows (the copy of the (K, N)
+#: operand costs as much as the product below a few hundred rows). Decided on the H200 with
+#: ``benchmarks/mm_alignment.py``.
+PAD_N = True
+PAD_N_MIN_ROWS = 1024
+
+
+def pads_columns(shape) -> bool:
+    """Whether a padded product of output ``shape`` pads its N too (``PAD_N``)."""
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return PAD_N and rows >= PAD_N_MIN_ROWS
 
 
 def padded_strides(shape, row_stride: int) -> list[int]:

@@ -680,9 +680,38 @@ class _PaddedProduct:
     def __call__(self, *args, **kwargs):
         shape = _product_shape(self.out_op, args)
         ref = args[-1] if isinstance(args[-1], torch.Tensor) else args[1]
-        out = torch.empty_strided(shape, layout.padded_strides(shape, self.row_stride), dtype=ref.dtype,
-                                  device=ref.device)
+        full = torch.empty([*shape[:-1], self.row_stride], dtype=ref.dtype, device=ref.device)
+        out = full[..., :shape[-1]]
+        if layout.pads_columns(shape):
+            # the product's N padded too: ``b`` (and a 1-D bias) copied into padded columns, the
+            # whole padded output computed, the first N columns returned
+            self.out_op(*_with_padded_columns(self.out_op, args, self.row_stride), **kwargs, out=full)
+            return out
         return self.out_op(*args, **kwargs, out=out)
+
+
+def _with_padded_columns(out_op, args, n_pad: int) -> tuple:
+    """``args`` of mm(a, b) / bmm(a, b) / addmm(bias, a, b) with ``b`` (and a 1-D ``bias``) widened
+    to ``n_pad`` columns: copies in the operands' own layouts; the new columns are left unwritten
+    (they only reach output columns nobody reads)."""
+    args = list(args)
+    b_at = 2 if out_op is torch.ops.aten.addmm.out else 1
+    args[b_at] = _widened(args[b_at], n_pad)
+    if b_at == 2 and isinstance(args[0], torch.Tensor) and args[0].dim() == 1 and args[0].shape[0] > 1:
+        args[0] = _widened(args[0], n_pad)
+    return tuple(args)
+
+
+def _widened(t: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """``t`` (..., N) copied into the first N of ``n_pad`` columns, keeping whether its last two
+    dims are stored row-major or transposed (a weight's ``.t()``)."""
+    shape = [*t.shape[:-1], n_pad]
+    if t.dim() >= 2 and t.stride(-2) == 1 and t.stride(-1) != 1:  # column-major (K, N): allocate (N_pad, K)
+        buf = torch.empty([*shape[:-2], n_pad, shape[-2]], dtype=t.dtype, device=t.device).transpose(-1, -2)
+    else:
+        buf = torch.empty(shape, dtype=t.dtype, device=t.device)
+    buf[..., :t.shape[-1]].copy_(t)
+    return buf
 
 
 def _product_shape(out_op, args) -> list[int]:

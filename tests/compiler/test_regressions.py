@@ -308,12 +308,14 @@ def test_products_around_unaligned_rows_use_padded_strides(monkeypatch):
     assert any("rows of 1031 padded to 1032" in line for line in explained.graphs[0].padded)
 
 
-def test_padded_product_returned_in_eager_layout():
-    """A padded product the caller sees comes back contiguous, as eager gives it."""
+@pytest.mark.parametrize("rows", [5, 1024])
+def test_padded_product_returned_in_eager_layout(rows):
+    """A padded product the caller sees comes back contiguous, as eager gives it. From
+    ``layout.PAD_N_MIN_ROWS`` rows on, N is padded too (the weight copied into padded columns)."""
     def head(h, w):
         return (h @ w.t()).relu()
 
-    h, w = _r(5, 16), _r(1031, 16, seed=1)
+    h, w = _r(rows, 16), _r(1031, 16, seed=1)
     out = torch.compile(head, backend="kernelab")(h, w)
     assert out.stride() == (1031, 1)
     assert_close(out, head(h, w), what="relu(h @ w.T)")
