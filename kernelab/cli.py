@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sort", choices=SORTS, default="time",
                    help="with --by module, order each module's children by time, waste (bytes over ideal, round "
                         "trips) or ceiling (time lost below the ceiling); default time")
+    p.add_argument("--html", metavar="PATH", help="write one self-contained HTML report (every mode side by side: "
+                   "module tree, timeline, roofline)")
+    p.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (JSON) of one step per mode")
     _add_common(p)
     p = sub.add_parser("sweep", help="time against size, eager vs compiled, with the crossover size")
     p.add_argument("target")
@@ -275,7 +278,8 @@ def _run_counts(target, inputs, args, name: str):
 
 
 def cmd_count(args) -> int:
-    _check_writable(args.json, "--json")
+    for path, option in ((args.json, "--json"), (args.html, "--html"), (args.trace, "--trace")):
+        _check_writable(path, option)
     target, module = _load(args.target)
     inputs = count_inputs(args, module)
     comparison = _run_counts(target, inputs, args, args.target.rpartition(":")[2])
@@ -286,7 +290,20 @@ def cmd_count(args) -> int:
     else:
         console.print(comparison)
     _write_json(args.json, comparison.to_dict())
+    _write_views(args, comparison)
     return 0
+
+
+def _write_views(args, comparison) -> None:
+    """--html and --trace: every mode counted, in one file each."""
+    if args.html:
+        from .html_report import render_html
+
+        _write_text(args.html, render_html(comparison, title=f"kernelab count {args.target}"))
+    if args.trace:
+        from .trace import to_chrome_trace
+
+        _write_json(args.trace, to_chrome_trace(comparison))
 
 
 def _sweep_factory(args, module):
@@ -384,10 +401,14 @@ def cmd_ceilings(args) -> int:
 
 def _write_json(path: str | None, payload) -> None:
     if path:
-        try:
-            Path(path).write_text(json.dumps(payload, indent=2, default=str))
-        except OSError as exc:
-            raise UserError(f"cannot write {path}: {exc.strerror}") from exc
+        _write_text(path, json.dumps(payload, indent=2, default=str))
+
+
+def _write_text(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}") from exc
 
 
 COMMANDS = {"count": cmd_count, "sweep": cmd_sweep, "tour": cmd_tour, "ceilings": cmd_ceilings}

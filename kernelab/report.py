@@ -268,6 +268,18 @@ class Report:
                    [RoundTrip.from_dict(t) for t in d.get("round_trips", [])], totals.get("wall_time_us"),
                    list(d.get("notes", [])), dict(d.get("module_types", {})))
 
+    def to_html(self, title: str | None = None) -> str:
+        """This report as one self-contained HTML page (see kernelab.html_report.render_html)."""
+        from .html_report import render_html
+
+        return render_html(self, title=title)
+
+    def to_trace(self) -> dict:
+        """This report as a Chrome/Perfetto trace, a dict to ``json.dump`` (see kernelab.trace)."""
+        from .trace import to_chrome_trace
+
+        return to_chrome_trace(self)
+
     def table(self):
         """A rich Table, one row per kernel; ``print(r.table())`` and ``str()`` give plain text.
 
@@ -319,6 +331,18 @@ class Report:
 
     def __repr__(self) -> str:
         return f"<Report {self.summary()}>"
+
+
+def as_reports(reports) -> list[Report]:
+    """A Report, a list of them, or a Comparison (its reports in mode order), as a list."""
+    if isinstance(reports, Report):
+        return [reports]
+    if hasattr(reports, "reports"):
+        return list(reports.reports.values())
+    reports = list(reports)
+    if not reports or not all(isinstance(r, Report) for r in reports):
+        raise TypeError("expected a Report, a list of Reports or a Comparison")
+    return reports
 
 
 def render_text(renderable, width: int | None = None) -> str:
