@@ -27,7 +27,8 @@ def _metadata(pid: int, report: Report) -> list[dict]:
              ("thread_name", CALL_TID, "call (host + GPU)"), ("thread_name", KERNEL_TID, "GPU kernels")]
     events = [{"name": name, "ph": "M", "ts": 0, "pid": pid, "tid": tid or 0, "args": {"name": label}}
               for name, tid, label in names]
-    events.append({"name": "process_sort_index", "ph": "M", "ts": 0, "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+    events.append({"name": "process_sort_index", "ph": "M", "ts": 0, "pid": pid, "tid": 0,
+                   "args": {"sort_index": pid}})
     return events
 
 
