@@ -34,7 +34,8 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 .badge.predicted { background: #fff3cd; color: #7a5b00; } .badge.measured { background: #d9f2e3; color: #14613a; }
 table { border-collapse: collapse; margin: 6px 0; }
 th, td { padding: 3px 8px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
-th { background: var(--soft); font-weight: 600; } td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: var(--soft); font-weight: 600; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
 details.mod { margin: 2px 0 2px 14px; border-left: 2px solid var(--line); padding-left: 8px; }
 details.mod > summary { cursor: pointer; padding: 2px 0; }
@@ -50,7 +51,8 @@ svg text { font-size: 12px; fill: var(--fg); } svg text.small { font-size: 10.5p
 svg text.lane { font-weight: 600; } svg text.muted { fill: var(--muted); }
 svg .axis, svg .grid { stroke: #c5ccd8; stroke-width: 1; } svg .grid { stroke-dasharray: 2 3; }
 svg .frame { fill: none; stroke: #b8c0cc; } svg .call { fill: #9aa5b8; }
-svg .kr { stroke: #fff; stroke-width: 0.3; cursor: pointer; } svg .kr:hover, svg .pt:hover { stroke: #000; stroke-width: 1.5; }
+svg .kr { stroke: #fff; stroke-width: 0.3; cursor: pointer; }
+svg .kr:hover, svg .pt:hover { stroke: #000; stroke-width: 1.5; }
 svg.roofline { max-width: 900px; display: block; }
 svg .roof { stroke-width: 2.2; } svg .roof.mem { stroke: #2f6fb1; } svg .roof.math { stroke: #c23b3b; }
 svg text.roof-label { font-size: 11px; fill: #444; }
@@ -242,10 +244,12 @@ def _kernel_table(node: ModuleNode, report: Report, p: int) -> str:
     for i in node.kernels:
         k = report.kernels[i]
         spans = ", ".join(m or report.target for m in k.modules) if len(k.modules) > 1 else ""
-        name = short_kernel_name(k.name) + (" (backward)" if k.backward else "") + ("" if k.confidence == "high" else " (?)")
+        name = short_kernel_name(k.name) + (" (backward)" if k.backward else "")
+        name += "" if k.confidence == "high" else " (?)"
         cells = [
             f'<td class="num">{i}</td>',
-            f'<td title="{escape(k.name)}"><i style="color:{category_color(k.category)}">■</i> <code>{escape(name)}</code>'
+            f'<td title="{escape(k.name)}"><i style="color:{category_color(k.category)}">■</i> '
+            f'<code>{escape(name)}</code>'
             + (f'<br><span class="small muted">spans {escape(spans)}</span>' if spans else "") + "</td>",
             f"<td>{escape(k.category)}</td>", f"<td><code>{escape(', '.join(k.ops))}</code></td>",
             f'<td class="num">{fmt_bytes(k.bytes_read)}</td>', f'<td class="num">{fmt_bytes(k.bytes_written)}</td>',

@@ -265,7 +265,8 @@ def test_measured_report_page_and_roofline_geometry():
     # half the matmul rate: log10(2) of a decade below the flat roof
     ticks = {t.all_text(): float(t.attrs["y"]) - 4 for t in svg.find_all("text") if t.all_text().endswith("FLOP/s")}
     decade = ticks["100 TFLOP/s"] - ticks["1 PFLOP/s"]
-    assert float(points["k0-0"].attrs["cy"]) - float(math_roof.attrs["y1"]) == pytest.approx(math.log10(2) * decade, abs=0.2)
+    below_roof = float(points["k0-0"].attrs["cy"]) - float(math_roof.attrs["y1"])
+    assert below_roof == pytest.approx(math.log10(2) * decade, abs=0.2)
     # the copy: no FLOPs, in the strip at 80% of the copy ceiling
     strip = [t for t in svg.find_all("text") if t.all_text() in ("0%", "100%")]
     x0, x100 = (float(t.attrs["x"]) for t in strip)
@@ -379,7 +380,8 @@ def test_cli_writes_html_and_trace(net_file, tmp_path, capsys):
     assert f"kernelab count {net_file}:Net" == doc.find_all("h1")[0].all_text()
     data = json.loads(trace.read_text())
     assert [r["mode"] for r in data["otherData"]["reports"]] == ["eager", "inductor"]
-    kernels = [(e["pid"], e["cat"], e["args"]["module"]) for e in data["traceEvents"] if e["ph"] == "X" and e["tid"] == 2]
+    kernels = [(e["pid"], e["cat"], e["args"]["module"]) for e in data["traceEvents"]
+               if e["ph"] == "X" and e["tid"] == 2]
     assert kernels == [(1, "matmul", "fc"), (1, "pointwise", "act"), (2, "matmul", "fc"), (2, "pointwise", "act")]
 
 
