@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
 import kernelab.compiler as klc  # noqa: E402
-from kernelab.compiler import runtime  # noqa: E402
+from kernelab.compiler import group_runner as runtime  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from compiler_suite import env_row  # noqa: E402
@@ -51,15 +51,15 @@ def fn(x, y):
 
 def patched(cblock, elems, warps, min_tiles, per_sm=2):
     def column_launch(self, rows, n_cols, device):
-        cb = min(runtime._pow2(n_cols), cblock)
-        xb = min(runtime._pow2(rows), max(1, elems // cb))
+        cb = min(runtime.pow2(n_cols), cblock)
+        xb = min(runtime.pow2(rows), max(1, elems // cb))
         col_blocks = (n_cols + cb - 1) // cb
         tiles = (rows + xb - 1) // xb
-        programs = per_sm * runtime._sm_count(device)
+        programs = per_sm * runtime.sm_count(device)
         splits = max(1, min((programs + col_blocks - 1) // col_blocks, tiles // min_tiles))
         per = (tiles + splits - 1) // splits
         splits = (tiles + per - 1) // per
-        return runtime._Launch(0, True, {"XBLOCK": xb, "CBLOCK": cb, "splits": splits, "tiles": per}, warps, False)
+        return runtime.Launch(0, True, {"XBLOCK": xb, "CBLOCK": cb, "splits": splits, "tiles": per}, warps, False)
     return column_launch
 
 

@@ -25,7 +25,7 @@ import triton.testing  # noqa: E402
 
 import kernelab.compiler as klc  # noqa: E402
 from compiler_suite import env_row  # noqa: E402
-from kernelab.compiler import runtime  # noqa: E402
+from kernelab.compiler import group_runner as runtime  # noqa: E402
 from _script import gpu_out_dir  # noqa: E402
 
 
@@ -47,15 +47,15 @@ CASES = [(layer_norm, (16384, 8192)), (rms_norm, (16384, 8192)), (softmax, (4096
 
 def patched(per_thread: int, looped: bool):
     def reduction_launch(self, sizes, strides, rows, n_cols, ins):
-        rblock = runtime._pow2(n_cols)
+        rblock = runtime.pow2(n_cols)
         persistent = rblock <= 8192 and not looped
         if not persistent:
             rblock = 2048
         budget = 2048 if persistent else rblock
-        xblock = max(1, min(runtime._pow2(rows), budget // rblock))
+        xblock = max(1, min(runtime.pow2(rows), budget // rblock))
         warps = max(1, min(16, xblock * rblock // (32 * per_thread)))
         int64 = rows * n_cols > runtime.INT32_MAX
-        return runtime._Launch(len(sizes), persistent, {"XBLOCK": xblock, "RBLOCK": rblock}, warps, int64)
+        return runtime.Launch(len(sizes), persistent, {"XBLOCK": xblock, "RBLOCK": rblock}, warps, int64)
     return reduction_launch
 
 

@@ -262,7 +262,7 @@ def _can_run(example_inputs, gm) -> tuple[bool, str]:
     if devices - {"cuda", "cpu"}:
         return False, f"tensors on {', '.join(sorted(devices - {'cuda', 'cpu'}))}: no Triton kernels there"
     if "cpu" in devices:
-        from .runtime import interpreted
+        from .group_runner import interpreted
 
         if not interpreted():
             return False, ("CPU tensors and TRITON_INTERPRET=1 was not set when Triton was imported: "

@@ -58,6 +58,11 @@ def value(node) -> object:
     return node.meta.get("val") if isinstance(node, fx.Node) else node
 
 
+def static_shape(val) -> bool:
+    """Every size of a (meta) tensor a plain int (no symbolic sizes)."""
+    return all(isinstance(s, int) for s in val.shape)
+
+
 def dims(node) -> tuple:
     """The shape as ints or sympy expressions: comparing them adds no guard."""
     return tuple(s.node.expr if isinstance(s, torch.SymInt) else int(s) for s in value(node).shape)

@@ -22,6 +22,7 @@ into one dim) or when an op reads its storage by explicit strides (``as_strided`
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,8 @@ import torch.fx as fx
 
 from . import fusion
 
-__all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "PAD_N", "padded_cols", "pads_columns", "Padding", "plan", "MATMULS"]
+__all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "PAD_N", "MATMULS", "padded_cols", "pads_columns", "Padding", "plan",
+           "PaddedProduct", "traced_layout", "enabled"]
 
 #: Rows shorter than this stay unpadded (Inductor's ``padding_stride_threshold``): the padding's
 #: memory and the broken-up contiguous spans cost more than an unaligned product loses there.
@@ -182,3 +184,77 @@ def _reaches(node, rows: dict) -> bool:
             return False
         node = node.args[0]
     return False
+
+
+# ---------------------------------------------------------------------------------------------
+# at run time
+
+
+class PaddedProduct:
+    """An ATen matrix product (mm, addmm, bmm) writing into a buffer whose rows are ``row_stride``
+    elements apart (``py``): cuBLAS takes the padded row stride as the output's leading
+    dimension, so it runs its kernels for 16-byte aligned matrices."""
+
+    __slots__ = ("out_op", "row_stride")
+
+    def __init__(self, out_op, row_stride: int):
+        self.out_op, self.row_stride = out_op, row_stride
+
+    def __call__(self, *args, **kwargs):
+        shape = _product_shape(self.out_op, args)
+        ref = args[-1] if isinstance(args[-1], torch.Tensor) else args[1]
+        full = torch.empty([*shape[:-1], self.row_stride], dtype=ref.dtype, device=ref.device)
+        out = full[..., :shape[-1]]
+        if pads_columns(shape):
+            # the product's N padded too: ``b`` (and a 1-D bias) copied into padded columns, the
+            # whole padded output computed, the first N columns returned
+            self.out_op(*_with_padded_columns(self.out_op, args, self.row_stride), **kwargs, out=full)
+            return out
+        return self.out_op(*args, **kwargs, out=out)
+
+
+def _with_padded_columns(out_op, args, n_pad: int) -> tuple:
+    """``args`` of mm(a, b) / bmm(a, b) / addmm(bias, a, b) with ``b`` (and a 1-D ``bias``) widened
+    to ``n_pad`` columns: copies in the operands' own layouts; the new columns are left unwritten
+    (they only reach output columns nobody reads)."""
+    args = list(args)
+    b_at = 2 if out_op is torch.ops.aten.addmm.out else 1
+    args[b_at] = _widened(args[b_at], n_pad)
+    if b_at == 2 and isinstance(args[0], torch.Tensor) and args[0].dim() == 1 and args[0].shape[0] > 1:
+        args[0] = _widened(args[0], n_pad)
+    return tuple(args)
+
+
+def _widened(t: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """``t`` (..., N) copied into the first N of ``n_pad`` columns, keeping whether its last two
+    dims are stored row-major or transposed (a weight's ``.t()``)."""
+    shape = [*t.shape[:-1], n_pad]
+    if t.dim() >= 2 and t.stride(-2) == 1 and t.stride(-1) != 1:  # column-major (K, N): allocate (N_pad, K)
+        buf = torch.empty([*shape[:-2], n_pad, shape[-2]], dtype=t.dtype, device=t.device).transpose(-1, -2)
+    else:
+        buf = torch.empty(shape, dtype=t.dtype, device=t.device)
+    buf[..., :t.shape[-1]].copy_(t)
+    return buf
+
+
+def _product_shape(out_op, args) -> list[int]:
+    """The output shape of mm(a, b), addmm(bias, a, b) or bmm(a, b)."""
+    if out_op is torch.ops.aten.addmm.out:
+        a, b = args[1], args[2]
+    else:
+        a, b = args[0], args[1]
+    return [*a.shape[:-1], b.shape[-1]]
+
+
+def traced_layout(value: torch.Tensor, node: fx.Node) -> torch.Tensor:
+    """``value`` in the layout the traced graph gave ``node`` (a copy when it came out padded)."""
+    meta = fusion.value(node)
+    if not isinstance(value, torch.Tensor) or tuple(value.stride()) == tuple(meta.stride()):
+        return value
+    out = torch.empty_strided(tuple(value.shape), tuple(meta.stride()), dtype=value.dtype, device=value.device)
+    return out.copy_(value)
+
+
+def enabled() -> bool:
+    """Padded rows around matrix products (``py``); ``KERNELAB_PAD=0`` turns them off."""
+    return os.environ.get("KERNELAB_PAD", "1") != "0"

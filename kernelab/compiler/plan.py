@@ -18,7 +18,7 @@ from ..capture import OpTrace, Prepared, _function_outputs, _Recorder, _StorageI
 from ..eager_rules import Context, KernelSpec, lower_eager
 from . import fusion
 from .eventlog import ACTIVE_PLAN
-from .runtime import run_reference
+from .group_runner import run_reference
 
 __all__ = ["Plan", "GraphPlan", "GroupPlan", "explain", "plan_kernels", "plan_trace"]
 
@@ -208,7 +208,7 @@ class _Hooks:
 
 
 def _empty(group, env: dict) -> bool:
-    """Is the group's iteration shape empty (what ``runtime.GroupRunner.prepare`` refuses)?"""
+    """Is the group's iteration shape empty (what ``group_runner.GroupRunner.prepare`` refuses)?"""
     shape = group.shape
     if not all(isinstance(s, int) for s in shape):
         shape = torch.broadcast_shapes(*[env[p].shape for p in group.inputs if isinstance(env[p], torch.Tensor)])

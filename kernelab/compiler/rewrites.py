@@ -46,12 +46,29 @@ def unsqueezes_toward_inputs(gm: fx.GraphModule) -> int:
     C-element kernels of its own. Moved to the inputs, the per-channel ops have a shape that
     broadcasts against the activations and are recomputed inside their kernel (as Inductor does)."""
     count = 0
-    work = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.unsqueeze.default]
+    work = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.unsqueeze.default
+            and _from_inputs(n.args[0])]
     while work:
         lifted = _lift_unsqueeze(gm, work.pop())
         count += lifted is not None
         work.extend(lifted or ())
     return _cleanup(gm, count)
+
+
+def _from_inputs(node, seen=None) -> bool:
+    """Whether ``node`` is computed by pointwise ops from graph inputs and constants only (a batch
+    norm's running statistics and affine parameters). Values of a reduction (a group norm's
+    per-group statistics) are left alone: their unsqueezes belong to the reduction's row values."""
+    seen = {} if seen is None else seen
+    if not isinstance(node, fx.Node):
+        return True
+    if node not in seen:
+        if node.op in ("placeholder", "get_attr") or fusion.is_constant(node):
+            seen[node] = True
+        else:
+            seen[node] = node.op == "call_function" and fusion.classify(node)[0] == "pointwise" and \
+                all(_from_inputs(a, seen) for a in node.all_input_nodes)
+    return seen[node]
 
 
 def _lift_unsqueeze(gm, node) -> list | None:

@@ -1,753 +1,22 @@
-"""Running a partitioned graph: groups launch generated kernels, everything else runs as ATen.
+"""Running a partitioned graph: groups launch generated kernels (``group_runner.py``), everything
+else runs as ATen, in one generated straight-line function per graph (the host wrapper).
 
-Nothing about sizes is baked into a kernel. At each launch the runtime looks at the actual tensors,
-merges the dims every operand walks alike (a contiguous add becomes 1-D whatever its rank), and
-picks the variant (rank after merging; persistent or looped rows) and the launch parameters
-(block sizes, warps, int32 or int64 offsets) from a cache keyed on the shapes. A new shape is a new
-cache entry, never a recompilation guard. Triton specializes what it always does: pointers on
-16-byte alignment, integers on divisibility by 16 and on equality to 1 (a unit stride).
-
-Kernels are written to ``$KERNELAB_CACHE/compiler`` (default ``~/.cache/kernelab/compiler``) as
-``<name>_<source hash>.py`` and imported from there; Triton caches the binaries by source hash.
+Kernel sources are cached on disk (``kcache.py``); chains of views are replayed as one aliasing
+(``views.py``); values around matrix products may get padded rows (``layout.py``).
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import math
-import importlib.util
-import os
-import sys
-import time
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 
-from ..launch import StaticLauncher, enabled as launch_enabled, hooked, specialization
-from ..report import debug_level
-from . import codegen, fusion, layout, ops_table
-from .eventlog import record_fallback, record_launch
-
-__all__ = ["GraphRunner", "kernel_module", "cache_dir"]
-
-INT32_MAX = 2**31 - 1
-META = torch.device("meta")
-# Longest row (a power of two) kept in registers by one block. Interpreted: 4096, so that the
-# tests' 4097-long rows take the looped path.
-PERSISTENT_MAX = {"gpu": 8192, "interpreter": 4096}
-#: Longest row kept in registers on a GPU when the group takes a variance (see reduction_launch).
-VAR_PERSISTENT_MAX = 4096
-
-
-def persistent_max() -> int:
-    """The longest row kept in registers on a GPU: ``PERSISTENT_MAX["gpu"]``, or
-    ``KERNELAB_PERSISTENT_MAX`` (a power of two; shorter sends more rows to the looped template)."""
-    value = os.environ.get("KERNELAB_PERSISTENT_MAX", "")
-    if not value:
-        return PERSISTENT_MAX["gpu"]
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"KERNELAB_PERSISTENT_MAX must be a positive integer, got {value!r}")
-    return int(value)
-
-
-#: Launch options in a call's meta that are not kernel parameters.
-_OPTIONS = ("num_warps",)
-
-
-def cache_dir() -> str:
-    root = os.environ.get("KERNELAB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kernelab")
-    return os.path.join(root, "compiler")
-
-
-_MODULES: dict = {}
-
-
-def kernel_module(source: str, name: str):
-    """Import the generated source from the on-disk cache (written once per source hash)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    if digest in _MODULES:
-        return getattr(_MODULES[digest], name)
-    path = os.path.join(cache_dir(), f"{name}_{digest}.py")
-    if not _cached_source_matches(path, source):
-        os.makedirs(cache_dir(), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)  # atomic: concurrent compiles never read half a file
-    spec = importlib.util.spec_from_file_location(f"kernelab_generated_{digest}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    _MODULES[digest] = module
-    return getattr(module, name)
-
-
-def _cached_source_matches(path: str, source: str) -> bool:
-    """Whether the cache file holds exactly ``source``. A truncated or edited file is often still
-    valid Python (cut in a trailing comment, a missing last store) and would compute garbage with
-    no error, so a file that is not the source, byte for byte, is rewritten with a warning."""
-    try:
-        with open(path) as f:
-            cached = f.read()
-    except FileNotFoundError:
-        return False
-    except (OSError, UnicodeDecodeError):
-        cached = None
-    if cached == source:
-        return True
-    warnings.warn(f"kernelab: the cached kernel {path} does not match its source hash (truncated or "
-                  "modified): rebuilt", RuntimeWarning, stacklevel=3)
-    return False
-
-
-@functools.lru_cache(maxsize=1)
-def interpreted() -> bool:
-    """Triton runs kernels on CPU tensors (TRITON_INTERPRET=1 when triton was imported)."""
-    import triton
-
-    @triton.jit
-    def _probe():
-        pass
-
-    return type(_probe).__name__ == "InterpretedFunction"
-
-
-# ---------------------------------------------------------------------------------------------
-# geometry
-
-
-def _collapse(shape, stride_lists):
-    """Drop size-1 dims and merge neighbours every tensor walks contiguously: (sizes, strides)."""
-    dims = [d for d in range(len(shape)) if shape[d] != 1]
-    sizes = [shape[d] for d in dims]
-    strides = [[s[d] for d in dims] for s in stride_lists]
-    i = len(sizes) - 1
-    while i > 0:
-        if all(st[i - 1] == st[i] * sizes[i] for st in strides):
-            sizes[i - 1] *= sizes[i]
-            for st in strides:
-                st[i - 1] = st[i]
-                del st[i]
-            del sizes[i]
-        i -= 1
-    if not sizes:
-        return [1], [[0] for _ in stride_lists]
-    return sizes, strides
-
-
-def _max_offset(sizes, strides) -> int:
-    return sum((s - 1) * abs(st) for s, st in zip(sizes, strides))
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (max(n, 1) - 1).bit_length())
-
-
-@dataclass
-class _Launch:
-    """Everything one launch needs that depends on shapes only (cached per shape key)."""
-
-    rank: int
-    persistent: bool
-    block: dict
-    num_warps: int
-    int64: bool
-
-
-@dataclass
-class _Call:
-    """One cached launch: the kernel, its grid, the arguments after the pointers, the constexprs
-    and warps, and the outputs to allocate (shape, stride, dtype)."""
-
-    kernel: object
-    grid: tuple
-    tail: list
-    meta: dict
-    outs: list
-    device: object
-    launched: bool = False  # compiled and launched once without error
-    direct: "_DirectLaunch | None" = None  # Triton's launcher, bound once (GPU only)
-    move: tuple = ()  # inputs on another device than the kernel's (0-d CPU scalars): copied per call
-    workspace: int = 0  # float32 values of scratch a column reduction's splits need per launch
-    col_blocks: int = 0  # a column reduction's column blocks: one arrival counter each
-    counters: dict = field(default_factory=dict)  # stream -> int32 counters, zeroed once, reset by the kernel
-    empty: object = None  # (size, stride, dtype) -> uninitialized tensor on ``device``: see _allocator
-
-    def __post_init__(self):
-        self.empty = _allocator(self.device)
-
-    def scratch(self) -> tuple:
-        """The column template's (workspace, counters) arguments; nothing for other kernels.
-        Counters are per stream: launches on one stream run one after another, so they never
-        share a counter while it counts; launches on two streams get two sets."""
-        if not self.col_blocks:
-            return ()
-        stream = _current_stream(self.device)
-        counters = self.counters.get(stream)
-        if counters is None:
-            counters = self.counters[stream] = torch.zeros(self.col_blocks, dtype=torch.int32, device=self.device)
-        work = torch.empty(self.workspace, dtype=torch.float32, device=self.device) if self.workspace else counters
-        return work, counters
-
-
-# ---------------------------------------------------------------------------------------------
-# launching without Triton's per-call work
-
-
-def _specialization_key(varying) -> tuple:
-    """What selects the binary among a cached call's varying arguments: a tensor's 16-byte alignment
-    (its dtype is fixed for the graph), a scalar's :func:`specialization`."""
-    return tuple([a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else specialization(a) for a in varying])
-
-
-def _allocator(device: torch.device):
-    """``empty(size, stride, dtype)`` on ``device``. Inductor's own allocators (C++ entry points
-    that skip the dispatcher's argument parsing: ~7 us an allocation through ``torch.empty_strided``
-    on the H200's host, where a call allocates up to ten outputs) where this torch has them; they
-    allocate on the current device, which the compiled call makes the graph's."""
-    guards = getattr(torch._C._dynamo, "guards", None)
-    fast = getattr(guards, f"_empty_strided_{device.type}", None)
-    if fast is not None and (device.type != "cuda" or device.index is not None):
-        return fast
-
-    def empty(size, stride, dtype):
-        return torch.empty_strided(size, stride, dtype=dtype, device=device)
-    return empty
-
-
-def _no_direct(call: _Call, why: str) -> None:
-    if debug_level() >= 2:
-        name = getattr(call.kernel, "__name__", "a kernel")
-        print(f"kernelab: {name} launches through kernel[grid](...): {why}", file=sys.stderr)
-    return None
-
-
-@dataclass
-class _DirectLaunch:
-    """A cached call's binary with its launcher, bound once.
-
-    ``kernel[grid](*args)`` binds the arguments to the signature, computes their specialization
-    key and looks the binary up, every time: tens of microseconds of Python for a kernel that may
-    run for two. A cached call's integer arguments and output pointers never change, so only the
-    inputs' alignment (and the symbolic scalars) can select another binary; while they match the
-    first launch's, the binary is launched directly: through torch's precompiled launcher
-    (``launch.StaticLauncher``, no gcc at the first launch) where this torch has one, else
-    through Triton's own launcher with the argument list Triton passes it (every bound argument,
-    constexprs included, in signature order; Triton >= 3.3). Anything else (a profiler's launch
-    hook, other alignment) takes the ordinary path.
-    """
-
-    compiled: object
-    grid: tuple
-    constexprs: tuple
-    key: tuple
-    device_index: int
-    stream_of: object
-    knobs: object
-    static: object = None  # launch.StaticLauncher, or None: Triton's launcher
-
-    @classmethod
-    def bind(cls, call: _Call, compiled, args, varying) -> "_DirectLaunch | None":
-        try:
-            import triton
-            from triton import knobs
-            from triton.runtime.driver import driver
-
-            if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 3):
-                return _no_direct(call, f"Triton {triton.__version__} < 3.3 passes other launcher arguments")
-            names = list(call.kernel.arg_names)
-            constexpr_names = names[len(args):]
-            if len(args) > len(names) or sorted(constexpr_names) != sorted(k for k in call.meta if k not in _OPTIONS):
-                return _no_direct(call, f"signature {names} does not end in the constexprs {list(call.meta)}")
-            if hasattr(compiled, "result"):  # an asynchronous compile's future
-                compiled = compiled.result()
-            index = call.device.index if call.device.index is not None else torch.cuda.current_device()
-            static = StaticLauncher.bind(compiled, index, len(args), os.path.join(cache_dir(), "cubin"))
-            if static is None:
-                compiled._init_handles()  # Triton's launcher (built with gcc by Triton <= 3.6)
-            return cls(compiled, tuple(call.grid) + (1,) * (3 - len(call.grid)),
-                       tuple(call.meta[n] for n in constexpr_names), _specialization_key(varying),
-                       index, driver.active.get_current_stream, knobs, static)
-        except Exception as exc:  # noqa: BLE001 - another Triton: the ordinary launch path still works
-            return _no_direct(call, f"{type(exc).__name__}: {exc}")
-
-    def launch(self, args, varying) -> bool:
-        """Launch and return True, or return False (the caller takes Triton's ordinary path).
-        ``varying``: the arguments that can differ between calls with one cache key (the inputs and
-        the symbolic scalars; outputs are fresh allocations, aligned, and the rest is cached)."""
-        runtime = self.knobs.runtime
-        hook = hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook)
-        if hook or _specialization_key(varying) != self.key:
-            if debug_level() >= 3:
-                print(f"kernelab: {self.compiled.name} takes Triton's launch path "
-                      f"({'a launch hook is set' if hook else 'other input alignment'})", file=sys.stderr)
-            return False
-        stream = self.stream_of(self.device_index)
-        if self.static is not None:
-            self.static.launch(self.grid, stream, args)
-            return True
-        c = self.compiled
-        c.run(self.grid[0], self.grid[1], self.grid[2], stream, c.function,
-              c.packed_metadata, None, None, None, *args, *self.constexprs)
-        return True
-
-
-# ---------------------------------------------------------------------------------------------
-# one group
-
-
-@dataclass
-class GroupRunner:
-    group: object
-    interpret: bool
-    kernels: dict = field(default_factory=dict)  # (rank, persistent) -> jitted kernel
-    loads: list = None  # codegen.Load per kernel input, computed once
-    calls: dict = field(default_factory=dict)  # (shapes, strides, devices, dtypes) -> _Call or None
-    compile_s: float = 0.0
-    #: outputs laid out with padded rows (``layout.py``): node -> row stride in elements
-    padded: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        self.loads = codegen.loads_of(self.group) if self.group is not None else []
-        self.load_nodes = [load.node for load in self.loads]
-
-    def kernel(self, rank: int, persistent: bool):
-        key = (rank, persistent)
-        if key not in self.kernels:
-            t0 = time.perf_counter()
-            source = codegen.kernel_source(self.group, rank, persistent)
-            self.kernels[key] = kernel_module(source, self.group.name)
-            if debug_level() >= 3:  # 3: the generated source of every kernel variant
-                print(source, file=sys.stderr)
-            self.compile_s += time.perf_counter() - t0
-        return self.kernels[key]
-
-    def run(self, env: dict) -> None:
-        """Launch the group's kernel on the values in ``env`` and put its outputs there."""
-        scalars = [env[s] for s in self.group.scalars] if self.group.scalars else []
-        outs = self.run_values([env[n] for n in self.load_nodes], scalars)
-        for n, t in zip(self.group.outputs, outs):
-            env[n] = t
-
-    def run_values(self, raw: list, scalars: list) -> list:
-        """The group's outputs for its loads' values ``raw`` (in ``loads`` order) and its scalars.
-        Everything that depends only on the inputs' shapes and strides (variant, block sizes,
-        output layouts, stride arguments) is worked out once per such key; a repeated call
-        allocates the outputs and launches."""
-        # dtypes and devices are fixed for one graph (dynamo guards the inputs'; the rest follow):
-        # sizes and strides are what can change (dynamic shapes, a differently strided input)
-        key = tuple([(t.shape, t.stride()) for t in raw])
-        call = self.calls.get(key, False)
-        if call is False:
-            call = self.calls[key] = self.prepare_or_refuse(raw)
-        if call is None:
-            return self.reference(raw, scalars)
-        empty = call.empty
-        outs = [empty(size, stride, dtype) for size, stride, dtype in call.outs]
-        ins = [t.to(call.device) if i in call.move else t for i, t in enumerate(raw)] if call.move else raw
-        args = (*ins, *outs, *call.scratch(), *call.tail, *scalars) if call.col_blocks else (*ins, *outs, *call.tail, *scalars)
-        if call.direct is not None and call.direct.launch(args, (*ins, *scalars)):
-            pass
-        elif call.launched:
-            call.kernel[call.grid](*args, **call.meta)
-        else:  # the first launch compiles the kernel: a failure there falls back too
-            try:
-                call.direct = self.first_launch(call, args, (*ins, *scalars))
-                call.launched = True
-                record_launch(self.group.name)
-            except Exception as exc:
-                self.calls[key] = None
-                self.refuse(exc)
-                return self.reference(raw, scalars)
-        return outs
-
-    def first_launch(self, call: _Call, args: tuple, varying: tuple) -> "_DirectLaunch | None":
-        """Compile the call's binary, launch it, and return its bound launcher (None: every launch
-        takes ``kernel[grid](...)``). On a GPU the binary is compiled without launching
-        (``warmup``) and launched through torch's precompiled launcher where this torch has one:
-        Triton <= 3.6 builds a C launcher with gcc for every new argument signature at a binary's
-        first launch, 0.17-0.20 s on the H200's host (``benchmarks/compile_breakdown.py``), about
-        half of a one-kernel graph's cold compile. Inductor launches the same way."""
-        if self.interpret or not launch_enabled():
-            call.kernel[call.grid](*args, **call.meta)
-            return None
-        compiled = call.kernel.warmup(*args, grid=call.grid, **call.meta)
-        direct = _DirectLaunch.bind(call, compiled, args, varying)
-        if direct is None or not direct.launch(args, varying):
-            call.kernel[call.grid](*args, **call.meta)
-        return direct
-
-    def reference(self, raw: list, scalars: list) -> list:
-        """The group's outputs computed by its ATen ops (empty tensors, a kernel that failed)."""
-        env = dict(zip(self.load_nodes, raw))
-        env.update(zip(self.group.scalars, scalars))
-        run_reference(self.group, env)
-        return [env[n] for n in self.group.outputs]
-
-    def prepare_or_refuse(self, raw) -> "_Call | None":
-        """A launch, or None (ATen runs the group) when generating or compiling the kernel fails:
-        said once per group, with the reason; KERNELAB_STRICT=1 raises instead."""
-        try:
-            return self.prepare(raw)
-        except Exception as exc:
-            self.refuse(exc)
-            return None
-
-    def refuse(self, exc: Exception) -> None:
-        from .backend import KernelabFallbackWarning, strict
-
-        if strict():
-            raise exc
-        record_fallback("group", self.group.name, f"{type(exc).__name__}: {exc}")
-        warnings.warn(f"kernelab: {self.group.name} runs as ATen ops: its kernel failed to build or launch "
-                      f"({type(exc).__name__}: {exc})", KernelabFallbackWarning, stacklevel=3)
-
-    def prepare(self, raw) -> "_Call | None":
-        """The launch for inputs like ``raw`` (None: empty tensors, run the ATen reference)."""
-        shape = self.shape(raw)
-        if any(s == 0 for s in shape):
-            return None
-        device = _device(raw)
-        moved = [_on(t, device) for t in raw]
-        if self.group.kind == "pointwise":
-            call = self.prepare_pointwise(moved, shape, device)
-        elif self.group.kind == "column":
-            call = self.prepare_column(moved, shape, device)
-        else:
-            call = self.prepare_reduction(moved, shape, device)
-        call.move = tuple(i for i, t in enumerate(raw) if t.device != device)
-        return call
-
-    def shape(self, inputs) -> tuple:
-        static = all(isinstance(s, int) for s in self.group.shape)
-        if static:
-            return tuple(self.group.shape)
-        return tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
-
-    # -- pointwise --------------------------------------------------------------------------
-    def prepare_pointwise(self, raw, shape, device) -> "_Call":
-        g = self.group
-        ins = [t.expand(shape) for t in raw]
-        outs = [_alloc(n, shape, META, self.padded.get(n)) for n in g.outputs]  # layouts only: no memory
-        order = _iteration_order(outs[0] if outs else ins[0])
-        sizes, strides = _collapse([shape[d] for d in order], [[t.stride(d) for d in order] for t in ins + outs])
-        numel = math.prod(sizes)
-        launch = self.pointwise_launch(sizes, strides, numel)
-        block = launch.block["BLOCK"]
-        tail = [s for st in strides for s in st] + list(sizes) + [numel]
-        return _Call(self.kernel(launch.rank, True), ((numel + block - 1) // block,), tail,
-                     {"BLOCK": block, "INT64": launch.int64, "num_warps": launch.num_warps},
-                     [(tuple(o.shape), o.stride(), o.dtype) for o in outs], device)
-
-    def pointwise_launch(self, sizes, strides, numel) -> _Launch:
-        # 16 elements per thread keeps enough bytes in flight; interpreted, bigger blocks are faster
-        block = min(_pow2(numel), 1 << 16 if self.interpret else 2048)
-        warps = max(1, min(8, block // 256))
-        int64 = numel > INT32_MAX or any(_max_offset(sizes, st) > INT32_MAX for st in strides)
-        return _Launch(len(sizes), True, {"BLOCK": block}, warps, int64)
-
-    # -- reduction --------------------------------------------------------------------------
-    def prepare_reduction(self, raw, shape, device) -> "_Call":
-        g = self.group
-        n_cols = shape[-1]
-        rows = math.prod(shape[:-1])
-        ins = [_as_rows(t, load, g, shape) for t, load in zip(raw, self.loads)]
-        out_row = self.out_row(shape)
-        outs = [_alloc_rows(n, g.roles[n], shape, META, out_row) for n in g.outputs]
-        lead = list(shape[:-1]) or [1]
-        contiguous_rows = [math.prod(lead[d + 1:]) for d in range(len(lead))]
-        lead_strides = [list(t.stride()[:-1]) or [0] for t in ins] + [contiguous_rows]
-        sizes, strides = _collapse(lead, lead_strides)
-        strides = strides[:-1]
-        launch = self.reduction_launch(sizes, strides, rows, n_cols, ins)
-        xblock = launch.block["XBLOCK"]
-        tail = [s for st in strides for s in st] + [t.stride(-1) for t in ins] + list(sizes) + [rows, n_cols, out_row]
-        meta = {"XBLOCK": xblock, "RBLOCK": launch.block["RBLOCK"], "INT64": launch.int64,
-                "num_warps": launch.num_warps}
-        return _Call(self.kernel(launch.rank, launch.persistent), ((rows + xblock - 1) // xblock,), tail, meta,
-                     [(tuple(o.shape), o.stride(), o.dtype) for o in outs], device)
-
-    def out_row(self, shape) -> int:
-        """The row stride of the full-size outputs: the row length, or the padded stride when
-        ``layout.plan`` padded one of them (then all, so that one ``out_row`` serves every store)."""
-        n_cols = shape[-1]
-        padded = [self.padded[n] for n in self.group.outputs if n in self.padded]
-        if not padded or any(s == 0 for s in shape):
-            return n_cols
-        sizes = [fusion.value(n).element_size() for n in self.group.outputs if self.group.roles[n] == "full"]
-        return max(padded + [layout.padded_cols(n_cols, min(sizes))])
-
-    def has_var(self) -> bool:
-        return any(fusion.is_reduction(n) and fusion.reduction_kind(n) == "var" for n in self.group.nodes)
-
-    def reduction_launch(self, sizes, strides, rows, n_cols, ins) -> _Launch:
-        rblock = _pow2(n_cols)
-        persistent = rblock <= (PERSISTENT_MAX["interpreter"] if self.interpret else persistent_max())
-        if persistent and not self.interpret and rblock > VAR_PERSISTENT_MAX and self.has_var():
-            # a variance over a long row keeps the row and its deviations live: the layer norm
-            # kernel over rows of 8192 needs 85 registers a thread at 16 warps (one program per
-            # SM). Looped (three passes, the re-reads from L2), 16384x8192 bf16 went from 0.174 to
-            # 0.151 ms on the H200 (compiler_suite, back-to-back calls; Inductor 0.147); RMS norm
-            # (one sum) got slower looped (0.133 -> 0.140 ms) and stays persistent
-            persistent = False
-        if not persistent:
-            rblock = 4096 if self.interpret else 2048
-        # elements of one [XBLOCK, RBLOCK] tile: on the GPU 16 per thread per live value. Measured
-        # on the H200 (benchmarks/row_tune.py): against 8 per thread, layer norm over 65536x1024
-        # went from 75.8 to 69.3 us and over 32768x4096 from 162 to 133 us; softmax and RMS norm
-        # over rows of 8192 did not move (16 warps either way), 4 per thread was slower. Looped
-        # rows (longer than 8192) keep 8 per thread: measured at 1.1x Inductor on 1024x32768
-        budget = (1 << 16) if self.interpret else (2048 if persistent else rblock)
-        xblock = max(1, min(_pow2(rows), budget // rblock))
-        per_warp = 32 * (16 if persistent else 8)
-        warps = 1 if self.interpret else max(1, min(16, xblock * rblock // per_warp))
-        span = rows * n_cols
-        int64 = span > INT32_MAX or any(
-            _max_offset(sizes, st) + (n_cols - 1) * abs(t.stride(-1)) > INT32_MAX for st, t in zip(strides, ins))
-        return _Launch(len(sizes), persistent, {"XBLOCK": xblock, "RBLOCK": rblock}, warps, int64)
-
-
-    # -- column reduction -------------------------------------------------------------------
-    def prepare_column(self, raw, shape, device) -> "_Call":
-        g = self.group
-        n_cols, rows = shape[-1], math.prod(shape[:-1])
-        if not any(load.role == "full" for load in self.loads):
-            raise ValueError("a column reduction without a full-size input")
-        ins = [t.expand(shape) if load.role == "full" else _as_cols(t, n_cols) for t, load in zip(raw, self.loads)]
-        outs = [_alloc_cols(n, n_cols, META) if g.roles[n] == "col" else torch.empty(shape, dtype=fusion.value(n).dtype,
-                                                                                     device=META)
-                for n in g.outputs]
-        lead = list(shape[:-1])
-        lead_strides = [list(t.stride()[:-1]) if load.role == "full" else [0] * len(lead)
-                        for t, load in zip(ins, self.loads)]
-        sizes, strides = _collapse(lead, lead_strides)
-        launch = self.column_launch(rows, n_cols, device)
-        xblock, cblock, splits, tiles = (launch.block[k] for k in ("XBLOCK", "CBLOCK", "splits", "tiles"))
-        int64 = any(_max_offset(sizes, st) + (n_cols - 1) * abs(t.stride(-1)) > INT32_MAX
-                    for st, t in zip(strides, ins)) or rows * n_cols > INT32_MAX
-        tail = [s for st in strides for s in st] + [t.stride(-1) for t in ins] + list(sizes) + [rows, n_cols, tiles,
-                                                                                            splits]
-        meta = {"XBLOCK": xblock, "CBLOCK": cblock, "SPLITS": _pow2(splits), "INT64": int64,
-                "num_warps": launch.num_warps}
-        col_blocks = (n_cols + cblock - 1) // cblock
-        call = _Call(self.kernel(len(sizes), True), (col_blocks, splits), tail, meta,
-                     [(tuple(o.shape), o.stride(), o.dtype) for o in outs], device)
-        n_red = sum(1 for n in g.nodes if fusion.is_reduction(n))
-        call.workspace = n_red * splits * n_cols if splits > 1 else 0
-        call.col_blocks = col_blocks
-        return call
-
-    def column_launch(self, rows, n_cols, device) -> _Launch:
-        """Column blocks of 32 columns and as many row splits as it takes to give every SM two
-        programs, each walking at least two tiles. Measured on the H200 (benchmarks/column_tune.py,
-        36 combinations of column block, tile, warps and tiles per split over four shapes of
-        ``(x * y).sum(0)``): the best overall is 256-row tiles on 4 warps, 64 elements per thread
-        (1.11x each shape's best). A real prologue then spills registers (the MLP's GELU-backward
-        bias-gradient kernel went from 49 to 97 us, the layer-norm weight gradients from 24 to 47),
-        so only light groups (one sum of at most two ops) take it; the others take 64-row tiles on
-        8 warps, 8 elements per thread, the best of those holding at most 16 per thread."""
-        light = sum(1 for n in self.group.nodes if self.group.roles[n] == "full") <= 2 and \
-            sum(1 for n in self.group.nodes if fusion.is_reduction(n)) == 1
-        cblock = min(_pow2(n_cols), 16 if self.interpret else 32)
-        xblock = min(_pow2(rows), (256 if self.interpret else (8192 if light else 2048)) // cblock)
-        col_blocks = (n_cols + cblock - 1) // cblock
-        tiles = (rows + xblock - 1) // xblock
-        programs = 4 if self.interpret else 2 * _sm_count(device)
-        splits = max(1, min((programs + col_blocks - 1) // col_blocks, tiles // (1 if self.interpret else 2)))
-        per_split = (tiles + splits - 1) // splits
-        splits = (tiles + per_split - 1) // per_split
-        warps = 1 if self.interpret else (4 if light else 8)
-        return _Launch(0, True, {"XBLOCK": xblock, "CBLOCK": cblock, "splits": splits, "tiles": per_split},
-                       warps, False)
-
-
-def _current_stream(device) -> int:
-    """The current CUDA stream's handle (the raw-handle call Triton's launcher also uses is much
-    cheaper than a Stream object); 0 off CUDA, or if neither answers (then streams share one set)."""
-    if device.type != "cuda":
-        return 0
-    try:
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return raw(index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-    except Exception:  # noqa: BLE001 - a counter set shared by streams is the old behaviour, not an error
-        return 0
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _as_cols(t: torch.Tensor, n_cols: int) -> torch.Tensor:
-    """A per-column input (shape (C,), (1, .., C) or one value) as a 1-d view of C values."""
-    return t.reshape(-1).expand(n_cols) if t.numel() in (1, n_cols) else t.reshape(n_cols)
-
-
-def _alloc_cols(node, n_cols, device) -> torch.Tensor:
-    """A column group's output: one value per column, contiguous, in the node's own shape."""
-    meta = fusion.value(node)
-    sizes = list(meta.shape) if _static(meta) else [1] * (meta.dim() - 1) + [n_cols]
-    return torch.empty(sizes, dtype=meta.dtype, device=device)
-
-
-def _device(tensors) -> torch.device:
-    """Where the kernel runs: the device of the inputs that are not 0-d CPU scalars."""
-    for t in tensors:
-        if t.dim() > 0 or t.device.type != "cpu":
-            return t.device
-    return tensors[0].device
-
-
-def _on(t: torch.Tensor, device) -> torch.Tensor:
-    """A 0-d CPU tensor may meet CUDA tensors in one op: the kernel needs it on the device."""
-    return t if t.device == device else t.to(device)
-
-
-def _iteration_order(t: torch.Tensor) -> list[int]:
-    """Dims from outermost to innermost in ``t``'s memory order (stable for ties)."""
-    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), -d)) if t.dim() else []
-
-
-def _alloc(node, shape, device, row_stride: int | None = None) -> torch.Tensor:
-    """A pointwise output in the layout eager would give it (the dense layout its meta value has),
-    or row-major with rows ``row_stride`` apart (``layout.py``)."""
-    meta = fusion.value(node)
-    if row_stride is not None and list(shape) == list(meta.shape):
-        return torch.empty_strided(shape, layout.padded_strides(shape, row_stride), dtype=meta.dtype, device=device)
-    order = _iteration_order(meta) if meta.dim() == len(shape) else list(range(len(shape)))
-    if sorted(order) != list(range(len(shape))) or meta.is_contiguous():
-        return torch.empty(shape, dtype=meta.dtype, device=device)
-    perm_shape = [shape[d] for d in order]
-    t = torch.empty(perm_shape, dtype=meta.dtype, device=device)
-    inverse = [order.index(d) for d in range(len(shape))]
-    return t.permute(inverse)
-
-
-def _alloc_rows(node, role: str, shape, device, out_row: int) -> torch.Tensor:
-    """A reduction group's output: full size with rows ``out_row`` apart, or one value per row."""
-    meta = fusion.value(node)
-    if role == "full":
-        return torch.empty_strided(shape, layout.padded_strides(shape, out_row), dtype=meta.dtype, device=device)
-    sizes = list(meta.shape) if _static(meta) else _row_shape(meta, shape)
-    return torch.empty(sizes, dtype=meta.dtype, device=device)
-
-
-def _static(meta) -> bool:
-    return all(isinstance(s, int) for s in meta.shape)
-
-
-def _row_shape(meta, shape) -> list[int]:
-    """A row value's runtime shape: the leading dims, with the meta value's kept 1s."""
-    lead = list(shape[:-1])
-    return lead + [1] if meta.dim() == len(shape) else lead
-
-
-def _as_rows(t: torch.Tensor, load, group, shape) -> torch.Tensor:
-    """An input as a view of the full shape S: broadcast (full loads), or one value per row whose
-    last-dim stride is 0 (row loads)."""
-    if load.role == "full":
-        return t.expand(shape)
-    users = [n for n in group.nodes if load.node in n.all_input_nodes and group.roles[n] == "row"]
-    node_shape = _row_shape(fusion.value(users[0]), shape) if users else list(shape[:-1]) + [1]
-    per_row = t.expand(node_shape).reshape(list(shape[:-1]) + [1])
-    return per_row.expand(shape)
-
-
-def run_reference(group, env: dict) -> None:
-    """Run a group's nodes as ATen ops (plan mode, empty tensors)."""
-    for n in group.nodes:
-        env[n] = _call(n, env)
-
-
-def _call(node: fx.Node, env: dict, target=None):
-    args = fx.node.map_arg(node.args, lambda a: _lookup(a, env))
-    kwargs = fx.node.map_arg(node.kwargs, lambda a: _lookup(a, env))
-    return (target or node.target)(*args, **kwargs)
-
-
-class _PaddedProduct:
-    """An ATen matrix product (mm, addmm, bmm) writing into a buffer whose rows are ``row_stride``
-    elements apart (``layout.py``): cuBLAS takes the padded row stride as the output's leading
-    dimension, so it runs its kernels for 16-byte aligned matrices."""
-
-    __slots__ = ("out_op", "row_stride")
-
-    def __init__(self, out_op, row_stride: int):
-        self.out_op, self.row_stride = out_op, row_stride
-
-    def __call__(self, *args, **kwargs):
-        shape = _product_shape(self.out_op, args)
-        ref = args[-1] if isinstance(args[-1], torch.Tensor) else args[1]
-        full = torch.empty([*shape[:-1], self.row_stride], dtype=ref.dtype, device=ref.device)
-        out = full[..., :shape[-1]]
-        if layout.pads_columns(shape):
-            # the product's N padded too: ``b`` (and a 1-D bias) copied into padded columns, the
-            # whole padded output computed, the first N columns returned
-            self.out_op(*_with_padded_columns(self.out_op, args, self.row_stride), **kwargs, out=full)
-            return out
-        return self.out_op(*args, **kwargs, out=out)
-
-
-def _with_padded_columns(out_op, args, n_pad: int) -> tuple:
-    """``args`` of mm(a, b) / bmm(a, b) / addmm(bias, a, b) with ``b`` (and a 1-D ``bias``) widened
-    to ``n_pad`` columns: copies in the operands' own layouts; the new columns are left unwritten
-    (they only reach output columns nobody reads)."""
-    args = list(args)
-    b_at = 2 if out_op is torch.ops.aten.addmm.out else 1
-    args[b_at] = _widened(args[b_at], n_pad)
-    if b_at == 2 and isinstance(args[0], torch.Tensor) and args[0].dim() == 1 and args[0].shape[0] > 1:
-        args[0] = _widened(args[0], n_pad)
-    return tuple(args)
-
-
-def _widened(t: torch.Tensor, n_pad: int) -> torch.Tensor:
-    """``t`` (..., N) copied into the first N of ``n_pad`` columns, keeping whether its last two
-    dims are stored row-major or transposed (a weight's ``.t()``)."""
-    shape = [*t.shape[:-1], n_pad]
-    if t.dim() >= 2 and t.stride(-2) == 1 and t.stride(-1) != 1:  # column-major (K, N): allocate (N_pad, K)
-        buf = torch.empty([*shape[:-2], n_pad, shape[-2]], dtype=t.dtype, device=t.device).transpose(-1, -2)
-    else:
-        buf = torch.empty(shape, dtype=t.dtype, device=t.device)
-    buf[..., :t.shape[-1]].copy_(t)
-    return buf
-
-
-def _product_shape(out_op, args) -> list[int]:
-    """The output shape of mm(a, b), addmm(bias, a, b) or bmm(a, b)."""
-    if out_op is torch.ops.aten.addmm.out:
-        a, b = args[1], args[2]
-    else:
-        a, b = args[0], args[1]
-    return [*a.shape[:-1], b.shape[-1]]
-
-
-def _traced_layout(value: torch.Tensor, node: fx.Node) -> torch.Tensor:
-    """``value`` in the layout the traced graph gave ``node`` (a copy when it came out padded)."""
-    meta = fusion.value(node)
-    if not isinstance(value, torch.Tensor) or tuple(value.stride()) == tuple(meta.stride()):
-        return value
-    out = torch.empty_strided(tuple(value.shape), tuple(meta.stride()), dtype=value.dtype, device=value.device)
-    return out.copy_(value)
-
-
-def layout_padding() -> bool:
-    """Padded rows around matrix products (``layout.py``); ``KERNELAB_PAD=0`` turns them off."""
-    return os.environ.get("KERNELAB_PAD", "1") != "0"
-
-
-def _lookup(node: fx.Node, env: dict):
-    """A value. Constants are made only when an ATen op or the output needs them (kernels inline
-    them): one fill of the folded value, whatever chain of ops computed it."""
-    if node not in env and fusion.is_constant(node):
-        meta = fusion.value(node)
-        if fusion.target_name(node) in ops_table.CONSTANTS or not _static(meta):
-            env[node] = _call(node, env)
-        else:
-            env[node] = torch.full(tuple(meta.shape), fusion.constant_value(node), dtype=meta.dtype,
-                                   device=meta.device)
-    return env[node]
+from . import fusion, layout
+from .kcache import cache_dir, kernel_module
+from .group_runner import GroupRunner, call_node, interpreted, lookup, run_reference
+from .views import nodes_in, view_chains
+
+__all__ = ["GraphRunner", "kernel_module", "cache_dir", "interpreted", "run_reference"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -783,7 +52,7 @@ class GraphRunner:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         attrs = {n: _fetch_attr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
         output = next(n for n in gm.graph.nodes if n.op == "output")
-        padding = layout.plan(gm, part, set(output.all_input_nodes)) if layout_padding() else layout.Padding({}, set())
+        padding = layout.plan(gm, part, set(output.all_input_nodes)) if layout.enabled() else layout.Padding({}, set())
         for g in part.groups:
             runners[id(g)].padded = {n: padding.rows[n] for n in g.outputs if n in padding.rows}
         return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0], attrs,
@@ -805,126 +74,23 @@ class GraphRunner:
                 else:
                     item.run(env)
             else:
-                env[item] = _call(item, env, self.target(item))
+                env[item] = call_node(item, env, self.target(item))
             for n in dead:
                 env.pop(n, None)
         restore = self.padding.restore
         return list(fx.node.map_arg(self.output_args,
-                                    lambda a: _traced_layout(_lookup(a, env), a) if a in restore else _lookup(a, env)))
+                                    lambda a: layout.traced_layout(lookup(a, env), a) if a in restore else lookup(a, env)))
 
     def target(self, node: fx.Node):
         """What runs an ATen node: its op, or a product writing into a padded buffer."""
         stride = self.padding.rows.get(node)
         if stride is None:
             return node.target
-        return _PaddedProduct(layout.MATMULS[fusion.target_name(node)], stride)
+        return layout.PaddedProduct(layout.MATMULS[fusion.target_name(node)], stride)
 
     @property
     def group_runners(self):
         return [item for kind, item in self.steps if kind == "group"]
-
-
-#: ATen views with one output and static arguments: a chain of them is one aliasing of its root.
-_CHAIN_VIEWS = {
-    "aten.view.default", "aten._unsafe_view.default", "aten.permute.default", "aten.transpose.int",
-    "aten.t.default", "aten.expand.default", "aten.unsqueeze.default", "aten.squeeze.dim",
-    "aten.squeeze.dims", "aten.squeeze.default", "aten.select.int", "aten.slice.Tensor",
-    "aten.alias.default", "aten.detach.default", "aten.diagonal.default",
-}
-
-
-def _tracked_view(root, size, stride, offset):
-    return root.as_strided(size, stride, offset)
-
-
-#: Inductor's ``reinterpret_tensor``: an alias of a tensor's storage with the given layout, made in
-#: C++ without the dispatcher (~2 us on the H200's host against ~4-6 us for a view op or
-#: ``as_strided``). It records no view relation, so only values the graph does not return use it.
-_REINTERPRET = getattr(getattr(torch._C._dynamo, "guards", None), "_reinterpret_tensor", None)
-
-
-def _untracked_view(root, size, stride, offset):
-    """An alias of ``root``'s storage at the absolute storage ``offset``. ``_reinterpret_tensor``
-    takes the offset *relative to root's own* storage offset: passing the absolute one put a view
-    of a split (root at offset 1536) at 3072, past the storage's end (GPT-2's attention, issue 11)."""
-    return _REINTERPRET(root, size, stride, offset - root.storage_offset())
-
-
-_UNTRACKED_VIEW = _untracked_view if _REINTERPRET is not None else _tracked_view
-
-
-class _ViewChain:
-    """Views applied one after another to a root value, replayed as one aliasing of the root.
-
-    Every view's result is a (size, stride, storage offset) of the root's storage that depends only
-    on the root's own (size, stride, offset): the first call runs the views and records the result;
-    later calls with the root laid out alike make one alias of the root instead of one ATen call per
-    view (a transformer block's forward has ~25 such calls, ~4-6 us each on the H200's host). A
-    value the caller sees is replayed as an ``as_strided`` view (aot_autograd may look at its
-    base); others, tensors saved for the backward included, as an untracked alias
-    (``_UNTRACKED_VIEW``: aot_autograd detaches saved views, one more ATen call each)."""
-
-    __slots__ = ("steps", "key", "size", "stride", "offset", "make")
-
-    def __init__(self, steps, returned: bool):
-        self.steps = steps  # [(target, extra args)], root first
-        self.key = None
-        self.make = _tracked_view if returned else _UNTRACKED_VIEW
-
-    def __call__(self, root):
-        key = (root.shape, root.stride(), root.storage_offset())
-        if key == self.key:
-            return self.make(root, self.size, self.stride, self.offset)
-        out = root
-        for target, args in self.steps:
-            out = target(out, *args)
-        if out.untyped_storage().data_ptr() == root.untyped_storage().data_ptr():
-            self.key, self.size, self.stride, self.offset = key, out.shape, out.stride(), out.storage_offset()
-        return out
-
-
-def _view_chains(runner: "GraphRunner") -> tuple[dict, set]:
-    """({terminal view node: (root, _ViewChain)}, elided view nodes): views of one or more steps
-    whose intermediate results nothing else reads."""
-    outputs = set(_nodes_in(runner.output_args))
-    visible = outputs
-    if runner.visible_outputs is not None and isinstance(runner.output_args, (list, tuple)):
-        visible = set(_nodes_in(list(runner.output_args[:runner.visible_outputs])))
-
-    def chainable(n) -> bool:
-        if not (isinstance(n, fx.Node) and n.op == "call_function" and fusion.target_name(n) in _CHAIN_VIEWS):
-            return False
-        if n.kwargs or not n.args or not isinstance(n.args[0], fx.Node):
-            return False
-        return all(_static_arg(a) for a in n.args[1:]) and _static(fusion.value(n))
-
-    nodes = [item for kind, item in runner.steps if kind == "node"]
-    views = {n for n in nodes if chainable(n)}
-    # read by other views only: never computed (every reader is either elided too or folded; a
-    # one-step view reads a non-view root)
-    elided = {n for n in views if n.users and n not in outputs and all(u in views for u in n.users)}
-    chains = {}
-    for n in views - elided:
-        steps, cur = [], n
-        while cur in views:
-            steps.append((cur.target, tuple(cur.args[1:])))
-            cur = cur.args[0]
-            if cur not in elided:
-                break
-        chains[n] = (cur, _ViewChain(steps[::-1], n in visible))
-    return chains, elided
-
-
-def _nodes_in(arg) -> list:
-    found = []
-    fx.node.map_arg(arg, lambda n: found.append(n))
-    return found
-
-
-def _static_arg(a) -> bool:
-    if isinstance(a, (list, tuple)):
-        return all(_static_arg(x) for x in a)
-    return a is None or isinstance(a, (bool, int))
 
 
 def _direct_target(target):
@@ -942,11 +108,11 @@ def _straight_line(runner: "GraphRunner"):
     dead values popped); graphs with dozens of ATen views and matmuls pay that
     on every call. The generated function holds every value in a local, calls each ATen op with
     its arguments written out, launches each group with its input values, replays chains of views
-    as one ``as_strided`` (``_ViewChain``), and deletes each value after its last use, like
+    as one ``as_strided`` (``views.ViewChain``), and deletes each value after its last use, like
     Inductor's wrapper. Targets, constants, group runners and view chains are globals of the
     function (``t3``, ``c7``, ``g2``, ``f5``)."""
     names = {n: f"v{i}" for i, n in enumerate(runner.gm.graph.nodes)}
-    scope: dict = {"_lookup": _lookup}
+    scope: dict = {"lookup": lookup}
 
     def bind(prefix: str, value) -> str:
         name = f"{prefix}{len(scope)}"
@@ -956,7 +122,7 @@ def _straight_line(runner: "GraphRunner"):
     def expr(a) -> str:
         if isinstance(a, fx.Node):
             if fusion.is_constant(a) and a not in defined:
-                return f"_lookup({bind('n', a)}, {{}})"
+                return f"lookup({bind('n', a)}, {{}})"
             return names[a]
         if isinstance(a, (list, tuple)):
             inner = ", ".join(expr(x) for x in a)
@@ -968,7 +134,7 @@ def _straight_line(runner: "GraphRunner"):
     defined = set(runner.placeholders) | set(runner.attrs)
     for n, value in runner.attrs.items():
         scope[names[n]] = value  # a global of the function: read, never assigned or deleted
-    chains, elided = _view_chains(runner)
+    chains, elided = view_chains(runner)
     statements = []  # (line, values it reads, values it defines)
     try:
         for kind, item in runner.steps:
@@ -1001,7 +167,7 @@ def _straight_line(runner: "GraphRunner"):
         restore = runner.padding.restore
 
         def returned(a) -> str:
-            return f"{bind('r', _traced_layout)}({expr(a)}, {bind('n', a)})" if a in restore else expr(a)
+            return f"{bind('r', layout.traced_layout)}({expr(a)}, {bind('n', a)})" if a in restore else expr(a)
 
         ret = f"    return [{', '.join(returned(a) for a in out)}]"
     except (KeyError, TypeError):
@@ -1009,7 +175,7 @@ def _straight_line(runner: "GraphRunner"):
     lines = ["def run(args):"]
     if runner.placeholders:
         lines.append("    " + ", ".join(names[p] for p in runner.placeholders) + ", = args")
-    keep = set(runner.placeholders) | set(runner.attrs) | set(_nodes_in(out))
+    keep = set(runner.placeholders) | set(runner.attrs) | set(nodes_in(out))
     last = {}
     for i, (_, reads, defines) in enumerate(statements):
         for n in defines:
@@ -1048,7 +214,7 @@ def _schedule(gm, part, runners) -> list:
                 unit_of[id(g)] = len(units)
                 units.append(("group", runners[id(g)]))
             unit_of[n] = unit_of[id(g)]
-        elif not fusion.is_constant(n):  # constants: made on demand (see _lookup)
+        elif not fusion.is_constant(n):  # constants: made on demand (see lookup)
             unit_of[n] = len(units)
             units.append(("node", n))
     deps = [set() for _ in units]

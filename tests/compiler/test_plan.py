@@ -193,10 +193,10 @@ def test_backend_name_resolves_after_a_bare_import_kernelab():
 
 def test_a_kernel_that_fails_to_build_falls_back_to_aten(monkeypatch):
     """Outside strict mode, a group whose kernel cannot be generated runs as ATen, said once."""
-    from kernelab.compiler import runtime
+    from kernelab.compiler import group_runner
 
     monkeypatch.setenv("KERNELAB_STRICT", "0")
-    monkeypatch.setattr(runtime, "kernel_module", lambda source, name: 1 / 0)
+    monkeypatch.setattr(group_runner, "kernel_module", lambda source, name: 1 / 0)
     x = torch.randn(6, 10)
     with pytest.warns(UserWarning, match="kl_fused_exp_mul runs as ATen ops"):
         out = klc.compile(lambda t: t.exp() * 3)(x)
@@ -284,13 +284,13 @@ def test_view_chains_run_as_one_alias(monkeypatch, capfd):
 
 
 def test_view_chain_replays_only_for_the_layout_it_recorded():
-    """_ViewChain records the result of its views for one root layout; another layout (same
+    """ViewChain records the result of its views for one root layout; another layout (same
     shape, other strides or offset) runs the views again instead of a stale as_strided."""
-    from kernelab.compiler.runtime import _ViewChain
+    from kernelab.compiler.views import ViewChain
 
     aten = torch.ops.aten
     steps = [(aten.view.default, ([4, 6],)), (aten.select.int, (1, 2)), (aten.unsqueeze.default, (0,))]
-    chain = _ViewChain(steps, returned=False)
+    chain = ViewChain(steps, returned=False)
     base = torch.arange(48.0)
     for root in (base[:24], base[:24], base[24:], base.view(6, 8)[:, :4].reshape(24), base[:48:2]):
         want = root.view(4, 6).select(1, 2).unsqueeze(0)
@@ -300,7 +300,7 @@ def test_view_chain_replays_only_for_the_layout_it_recorded():
         assert got.untyped_storage().data_ptr() == root.untyped_storage().data_ptr()
     assert chain.key is not None
     # a value the graph returns stays a view of its root's base (aot_autograd may look at it)
-    returned = _ViewChain(steps, returned=True)
+    returned = ViewChain(steps, returned=True)
     for _ in range(2):
         assert returned(base[:24])._is_view()
 
@@ -343,13 +343,13 @@ def test_long_rows_with_a_variance_take_the_looped_template():
     import torch.nn.functional as F
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from kernelab.compiler import graph, runtime
+    from kernelab.compiler import graph, group_runner
     from kernelab.compiler.backend import decompositions
 
     def launch(fn, *args):
         gm = make_fx(fn, decomposition_table=decompositions())(*args)
         (group,) = [g for g in graph.partition(gm).groups if g.kind == "reduction"]
-        runner = runtime.GroupRunner(group, interpret=False)
+        runner = group_runner.GroupRunner(group, interpret=False)
         x = args[0]
         return runner.reduction_launch((x.shape[0],), [(x.shape[1],)], x.shape[0], x.shape[1], [x])
 
@@ -366,13 +366,13 @@ def test_saved_views_are_untracked_aliases_and_visible_ones_views():
     outputs the caller sees stay views of their base."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from kernelab.compiler import graph, runtime
+    from kernelab.compiler import graph, runtime, views
 
     gm = make_fx(lambda a, b: [a.t(), b.t()])(torch.randn(3, 4), torch.randn(4, 5))
     runner = runtime.GraphRunner.build(gm, graph.partition(gm), True, visible_outputs=1)
-    chains, _ = runtime._view_chains(runner)
+    chains, _ = views.view_chains(runner)
     makes = [chain.make for _, chain in sorted(chains.values(), key=lambda rc: rc[0].name)]
-    assert makes == [runtime._tracked_view, runtime._UNTRACKED_VIEW]
+    assert makes == [views.tracked_view, views.UNTRACKED_VIEW]
     a, b = torch.randn(3, 4), torch.randn(4, 5)
     for _ in range(2):  # the second call replays
         ta, tb = runner([a, b])
@@ -381,13 +381,13 @@ def test_saved_views_are_untracked_aliases_and_visible_ones_views():
 
 
 def test_persistent_max_setting(monkeypatch):
-    from kernelab.compiler import runtime
+    from kernelab.compiler import group_runner
 
     monkeypatch.delenv("KERNELAB_PERSISTENT_MAX", raising=False)
-    assert runtime.persistent_max() == runtime.PERSISTENT_MAX["gpu"]
+    assert group_runner.persistent_max() == group_runner.PERSISTENT_MAX["gpu"]
     monkeypatch.setenv("KERNELAB_PERSISTENT_MAX", "4096")
-    assert runtime.persistent_max() == 4096
+    assert group_runner.persistent_max() == 4096
     for bad in ("abc", "0", "-8"):
         monkeypatch.setenv("KERNELAB_PERSISTENT_MAX", bad)
         with pytest.raises(ValueError, match="KERNELAB_PERSISTENT_MAX must be a positive integer"):
-            runtime.persistent_max()
+            group_runner.persistent_max()

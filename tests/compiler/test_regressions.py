@@ -277,10 +277,10 @@ def test_products_around_unaligned_rows_use_padded_strides(monkeypatch):
     padded to 1032 columns, the backward's gradient of the logits is written padded for the two
     products that read it, and the logits saved for the backward come back in the traced layout:
     values and gradients equal eager's."""
-    from kernelab.compiler import layout, runtime
+    from kernelab.compiler import layout
 
     layouts, plans = [], []
-    product, plan_of = runtime._PaddedProduct.__call__, layout.plan
+    product, plan_of = layout.PaddedProduct.__call__, layout.plan
 
     def spy(self, *args, **kwargs):
         out = product(self, *args, **kwargs)
@@ -291,7 +291,7 @@ def test_products_around_unaligned_rows_use_padded_strides(monkeypatch):
         plans.append(plan_of(*args).describe())
         return plan_of(*args)
 
-    monkeypatch.setattr(runtime._PaddedProduct, "__call__", spy)
+    monkeypatch.setattr(layout.PaddedProduct, "__call__", spy)
     monkeypatch.setattr(layout, "plan", plan_spy)
     hidden, weight = _r(48, 32, grad=True), _r(1031, 32, seed=1, grad=True)
     target = torch.randint(0, 1031, (48,), generator=torch.Generator().manual_seed(2))
