@@ -11,7 +11,7 @@ import importlib.util
 import os
 import warnings
 
-__all__ = ["cache_dir", "kernel_module"]
+__all__ = ["cache_dir", "kernel_module", "forget_imports"]
 
 
 def cache_dir() -> str:
@@ -57,3 +57,9 @@ def _cached_source_matches(path: str, source: str) -> bool:
     warnings.warn(f"kernelab: the cached kernel {path} does not match its source hash (truncated or "
                   "modified): rebuilt", RuntimeWarning, stacklevel=3)
     return False
+
+
+def forget_imports() -> None:
+    """Drop this process's imported kernels: the next ``kernel_module`` reads the disk again, as a
+    new process would."""
+    _MODULES.clear()

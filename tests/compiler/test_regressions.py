@@ -141,9 +141,9 @@ def test_truncated_cache_file_is_rebuilt(tmp_path, monkeypatch):
         cut = text.rfind("tl.store")
         f.write_text(text[:cut] + "# truncated\n")
 
-    import kernelab.compiler.runtime as runtime
+    from kernelab.compiler import kcache
 
-    monkeypatch.setattr(runtime, "_MODULES", {})  # what a new process sees: only the disk
+    kcache.forget_imports()  # what a new process sees: only the disk
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
