@@ -6,12 +6,16 @@ of microseconds of Python on a GPU host (15-20 us a launch on the H200's host, m
 ``benchmarks/compiler_overhead.py``), which is what a fused op's forward+backward step waits for
 at sizes where its kernels run for a few hundred microseconds.
 
-A launch binds to the compiled binary once. Later launches whose arguments specialize alike
+A launch binds to the compiled binary once. Later launches with the same keywords (constexprs,
+warps, stages and Triton's other compile options) whose arguments specialize alike
 (:func:`specialization`: the same dtypes, the same 16-byte alignment of every pointer, the same
-integer classes) and whose constexprs and warps are the same call the binary's launcher directly,
-with the argument list Triton itself passes it (every argument in signature order, constexprs
-included; Triton >= 3.3). Anything else takes Triton's ordinary path: the interpreter, a launch
-hook (a profiler such as proton), ``KERNELAB_DIRECT_LAUNCH=0``, another Triton.
+integer classes; the same device) call the binary's launcher directly, with the argument list
+Triton itself passes it (every argument in signature order, constexprs included; Triton >= 3.3).
+The specialization key is computed by a small function generated per pattern of argument kinds
+(tensor, int, float, bool, None), a few Python operations an argument. Anything else takes
+Triton's ordinary path: the interpreter, a launch hook (a profiler such as proton),
+``KERNELAB_DIRECT_LAUNCH=0`` (read when a launch would bind), another Triton, a signature the
+launch does not match, arguments of other kinds.
 
 :class:`StaticLauncher` launches a binary through torch's precompiled launcher instead of Triton's
 (the compiler's runner uses it): no gcc build of a C launcher at a new signature's first launch.
@@ -25,18 +29,19 @@ import os
 import torch
 
 _I32 = (-(2**31), 2**31)
+_U64 = 2**63  # Triton types a Python int as i32 in int32's range, u64 from 2^63, else i64
 
 
 def specialization(arg):
     """What Triton specializes a launch argument on: a tensor on its dtype and 16-byte alignment,
-    an integer on equality to 1, divisibility by 16 and its integer type (i32, u32 or i64 by
+    an integer on equality to 1, divisibility by 16 and its integer type (i32, i64 or u64 by
     range); None and booleans on their value; anything else (a float) on nothing."""
     if isinstance(arg, torch.Tensor):
         return (arg.dtype, arg.data_ptr() % 16 == 0)
     if isinstance(arg, bool) or arg is None:
         return (arg,)
     if isinstance(arg, int):
-        return (arg == 1, arg % 16 == 0, _I32[0] <= arg < _I32[1], arg < 2**32)
+        return (arg == 1, arg % 16 == 0, _I32[0] <= arg < _I32[1], arg >= _U64)
     return None
 
 
@@ -63,10 +68,24 @@ def _current_device() -> int:
     return torch.cuda.current_device()
 
 
-def _current_stream(device: int):
+def _stream_function():
+    """``device index -> the current stream's handle``, as Triton's driver gets it (torch's
+    ``_cuda_getCurrentRawStream``), resolved once per binding rather than per launch."""
     from triton.runtime.driver import driver
 
-    return driver.active.get_current_stream(device)
+    return driver.active.get_current_stream
+
+
+def _current_stream(device: int):
+    """The current stream's handle on ``device`` (``teams.py`` keys its buffers by it)."""
+    return _stream_function()(device)
+
+
+def _runtime_knobs():
+    """Triton's runtime knobs (where the launch hooks live)."""
+    from triton import knobs
+
+    return knobs.runtime
 
 
 def _cuda_index(args) -> int | None:
@@ -80,69 +99,171 @@ def _device_guard(index: int):
     return torch.cuda.device(index)
 
 
-class Launcher:
-    """``Launcher(kernel)(grid, *args, num_warps=w, **constexprs)`` does what
-    ``kernel[grid](*args, num_warps=w, **constexprs)`` does.
+# ---------------------------------------------------------------------------------------------
+# specialization keys, one generated function per pattern of argument kinds
 
-    ``args`` are the kernel's leading, non-constexpr parameters in order; ``constexprs`` name every
-    remaining one. One entry per (argument specialization, constexprs, warps, device): the first
-    launch of an entry goes through Triton (compiling if needed) and binds its binary.
+
+def _kind(arg) -> str | None:
+    """T(ensor), I(nt), F(loat), B(ool), N(one), or None: a kind the direct path does not take."""
+    if isinstance(arg, torch.Tensor):
+        return "T"
+    return {int: "I", float: "F", bool: "B", type(None): "N"}.get(type(arg))
+
+
+def _int_class(a):
+    """An int's specialization apart from the common cases (0 <= a < 2^31): its type (a bool or a
+    numpy integer is not an int to Triton), == 1, divisibility by 16, i32 / i64 / u64."""
+    return (a.__class__, a == 1, a & 15 == 0, _I32[0] <= a < _I32[1], a >= _U64)
+
+
+#: How each kind enters the key (``{a}`` is the argument). A tensor: dtype and 16-byte alignment
+#: (anything without them raises: the caller then takes Triton's path). An int of type int between
+#: 2 and 2^31: divisibility by 16 alone (True / False); 0 and 1 (unit strides): -1 and -2; any
+#: other: ``_int_class`` (a tuple). Floats and bools: their type (Triton does not specialize their
+#: values). None: being None.
+_KEY_PARTS = {
+    "T": "{a}.dtype, {a}.data_ptr() & 15 == 0",
+    "I": ("({a} & 15 == 0 if 1 < {a} < 2147483648 else -1 - {a} if 0 <= {a} <= 1 else _int_class({a})) "
+          "if {a}.__class__ is int else _int_class({a})"),
+    "F": "{a}.__class__",
+    "B": "{a}.__class__",
+    "N": "{a} is None",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _key_function(pattern: str):
+    """``key(*args)`` for arguments of these kinds: the first tensor's device, then each argument's
+    part of its specialization (``_KEY_PARTS``). Generated once per pattern (as Triton generates
+    its binder): no loop and no type dispatch per launch."""
+    names = [f"a{i}" for i in range(len(pattern))]
+    first = names[pattern.index("T")]
+    parts = [f"{first}.get_device()"] + [
+        f"({_KEY_PARTS[k].format(a=a)})" if k == "I" else _KEY_PARTS[k].format(a=a) for a, k in zip(names, pattern)
+    ]
+    source = f"def key({', '.join(names)}):\n    return ({', '.join(parts)},)\n"
+    scope = {"_int_class": _int_class}
+    exec(compile(source, f"<kernelab.launch key {pattern}>", "exec"), scope)  # noqa: S102 - our own source
+    return scope["key"]
+
+
+def _pattern(args) -> str | None:
+    """The kinds of ``args`` as a string ("TTNII..."), None when one is of no known kind or no
+    argument is a tensor (the device comes from the first tensor)."""
+    kinds = [_kind(a) for a in args]
+    if None in kinds or "T" not in kinds:
+        return None
+    return "".join(kinds)
+
+
+class _Site:
+    """The launches of one kernel with one set of keywords and one pattern of argument kinds: the
+    key function and the binaries bound so far, by key."""
+
+    __slots__ = ("pattern", "key", "bound")
+
+    def __init__(self, pattern: str):
+        self.pattern, self.key, self.bound = pattern, _key_function(pattern), {}
+
+
+class _Bound:
+    """A binary bound for direct launches: its launcher, handles, constexpr tail and stream getter."""
+
+    __slots__ = ("compiled", "run", "function", "metadata", "tail", "device", "stream")
+
+    def __init__(self, compiled, tail: tuple, device: int, stream):
+        self.compiled, self.run, self.tail, self.device, self.stream = compiled, compiled.run, tail, device, stream
+        self.function, self.metadata = compiled.function, compiled.packed_metadata
+
+
+class Launcher:
+    """``Launcher(kernel)(grid, *args, num_warps=w, **keywords)`` does what
+    ``kernel[grid](*args, num_warps=w, **keywords)`` does.
+
+    ``args`` are the kernel's leading, non-constexpr parameters in order; the keywords name every
+    remaining parameter (constexprs) and any of Triton's compile options (``num_warps``,
+    ``num_stages``, ``num_ctas``, ``maxnreg``, ...; ``maxnreg=None`` means none). One site per
+    keywords (and pattern of argument kinds), one binding per specialization key within it: the
+    first launch of a key goes through Triton (compiling if needed) and binds its binary.
     """
 
     def __init__(self, kernel, interpreted: bool):
         self.kernel = kernel
         self.interpreted = interpreted
-        self.bound: dict = {}
+        self.sites: dict = {}  # keywords -> the _Site of the latest pattern launched with them
+        self.patterns: dict = {}  # (keywords, pattern) -> _Site
+        self.runtime = None  # Triton's runtime knobs, once a launch bound
 
-    def __call__(self, grid, *args, num_warps: int, maxnreg: int | None = None, **constexprs):
+    def __call__(self, grid, *args, **keywords):
+        try:
+            site = self.sites[tuple(keywords.items())]
+            bound = site.bound.get(site.key(*args))
+            n = len(grid)  # a tuple (a callable grid takes Triton's path)
+        except (KeyError, AttributeError, TypeError, RuntimeError):
+            # no binding with these keywords yet, an argument of another kind, an unhashable
+            # keyword: Triton's path decides
+            bound = None
+        if bound and bound.device == _current_device() and not self._hooked():
+            bound.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, bound.stream(bound.device),
+                      bound.function, bound.metadata, None, None, None, *args, *bound.tail)
+            return bound.compiled
+        return self._launch(grid, args, keywords)
+
+    def _hooked(self) -> bool:
+        runtime = self.runtime
+        return hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook)
+
+    def _launch(self, grid, args: tuple, keywords: dict):
+        """Triton's path (under the tensors' device), binding the binary where this launch allows."""
         index = None if self.interpreted else _cuda_index(args)
         if index is not None and index != _current_device():
             # Triton launches on the current device: make it the tensors' (a model on cuda:1
             # called while cuda:0 is current would otherwise launch on the wrong GPU)
             with _device_guard(index):
-                return self(grid, *args, num_warps=num_warps, maxnreg=maxnreg, **constexprs)
-        if self.interpreted or not enabled() or not _triton_supported() or index is None:
-            return self._triton(grid, args, num_warps, maxnreg, constexprs)
-        from triton import knobs
-
-        runtime = knobs.runtime
-        if hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook):
-            return self._triton(grid, args, num_warps, maxnreg, constexprs)
-        device = index  # the current device, by the guard above
-        key = (tuple(specialization(a) for a in args), tuple(constexprs.items()), num_warps, maxnreg, device)
-        entry = self.bound.get(key)
-        if entry is None:
-            compiled = self._triton(grid, args, num_warps, maxnreg, constexprs)
-            self.bound[key] = self._bind(compiled, len(args), constexprs)
+                return self(grid, *args, **keywords)
+        compiled = self._triton(grid, args, keywords)
+        if index is None or not enabled() or not _triton_supported():
             return compiled
-        if entry is False:
-            return self._triton(grid, args, num_warps, maxnreg, constexprs)
-        compiled, tail = entry
-        grid = tuple(grid) + (1,) * (3 - len(grid))
-        compiled.run(grid[0], grid[1], grid[2], _current_stream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *tail)
+        if self.runtime is None:
+            self.runtime = _runtime_knobs()
+        pattern = _pattern(args)
+        if pattern is None or self._hooked():
+            return compiled
+        name = tuple(keywords.items())
+        try:
+            site = self.patterns.get((name, pattern))
+        except TypeError:  # an unhashable keyword value: every launch takes Triton's path
+            return compiled
+        if site is None:
+            site = self.patterns[(name, pattern)] = _Site(pattern)
+        self.sites[name] = site
+        key = site.key(*args)
+        if key not in site.bound:
+            site.bound[key] = self._bind(compiled, len(args), keywords, index)
         return compiled
 
-    def _triton(self, grid, args, num_warps: int, maxnreg: int | None, constexprs: dict):
+    def _triton(self, grid, args, keywords: dict):
         """Triton's own path. maxnreg (a register cap for ptxas) is a compile option, which the
         interpreter does not take."""
-        if maxnreg is None or self.interpreted:
-            return self.kernel[grid](*args, num_warps=num_warps, **constexprs)
-        return self.kernel[grid](*args, num_warps=num_warps, maxnreg=maxnreg, **constexprs)
+        if "maxnreg" in keywords and (keywords["maxnreg"] is None or self.interpreted):
+            keywords = {k: v for k, v in keywords.items() if k != "maxnreg"}
+        return self.kernel[grid](*args, **keywords)
 
-    def _bind(self, compiled, n_args: int, constexprs: dict):
-        """(binary, constexpr values in signature order), or False where the signature is not
-        (args..., constexprs...) as this launcher assumes: those launches keep Triton's path."""
-        rest = list(self.kernel.arg_names)[n_args:]
-        if sorted(rest) != sorted(constexprs):
+    def _bind(self, compiled, n_args: int, keywords: dict, device: int):
+        """A :class:`_Bound`, or False where the signature is not (args..., constexprs...) as this
+        launcher assumes (a parameter left to its default, say): those launches keep Triton's path.
+        Keywords that name no parameter are compile options, decided by the site."""
+        names = list(self.kernel.arg_names)
+        rest = names[n_args:]
+        if sorted(rest) != sorted(k for k in keywords if k in names):
             return False
         try:
             if hasattr(compiled, "result"):  # an asynchronous compile's future
                 compiled = compiled.result()
             compiled._init_handles()
+            return _Bound(compiled, tuple(keywords[n] for n in rest), device, _stream_function())
         except Exception:  # noqa: BLE001 - another Triton: its ordinary path still works
             return False
-        return compiled, tuple(constexprs[n] for n in rest)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ class FakeKernel:
 def cuda_free(monkeypatch):
     monkeypatch.setattr(L, "_cuda_index", lambda args: 0)
     monkeypatch.setattr(L, "_current_device", lambda: 0)
-    monkeypatch.setattr(L, "_current_stream", lambda device: f"stream{device}")
+    monkeypatch.setattr(L, "_stream_function", lambda: lambda device: f"stream{device}")
     monkeypatch.delenv("KERNELAB_DIRECT_LAUNCH", raising=False)
 
 
@@ -59,7 +59,7 @@ def test_specialization_is_what_triton_specializes_on():
     assert L.specialization(1) != L.specialization(2)        # == 1 is specialized away
     assert L.specialization(32) != L.specialization(33)      # divisibility by 16
     assert L.specialization(2**31 + 16) != L.specialization(16)  # i32 -> u32 / i64
-    assert L.specialization(2**32 + 16) != L.specialization(2**31 + 16)
+    assert L.specialization(2**63 + 16) != L.specialization(2**31 + 16)  # i64 -> u64
     assert L.specialization(None) != L.specialization(False)
     assert L.specialization(1.5) is None
 
@@ -154,7 +154,7 @@ def test_tensors_on_another_device_launch_under_its_guard(cuda_free, monkeypatch
     assert entered == [1, 1] and current == [0]
     (run,) = kernel.binary.runs
     assert run[3] == "stream1"  # the stream of the tensors' device
-    assert all(key[-1] == 1 for key in launcher.bound)
+    assert all(bound.device == 1 for site in launcher.sites.values() for bound in site.bound.values())
 
 
 def test_cuda_index_of_cpu_tensors_is_none():

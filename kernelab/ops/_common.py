@@ -62,13 +62,21 @@ def traced(*tensors) -> bool:
 
     The custom op is what torch.compile and dispatch modes (FakeTensorMode, kernelab.count) see;
     eager code skips its ~10 us of dispatch overhead by calling the same launchers through an
-    autograd.Function.
+    autograd.Function. ``tensors`` may hold None and non-tensor arguments (ints, floats, strings):
+    only a tensor of a subclass (a fake or functional tensor, a user's subclass) counts.
     """
-    if torch.compiler.is_compiling():
+    if _is_compiling() or _dispatch_modes() > 0:
         return True
-    if torch._C._len_torch_dispatch_stack() > 0:
-        return True
-    return any(t is not None and type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+    for t in tensors:
+        if type(t) not in _PLAIN and isinstance(t, torch.Tensor):
+            return True
+    return False
+
+
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+#: Argument types that never make a call traced (checked before the slower isinstance).
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter, type(None), int, float, bool, str, list, tuple})
 
 
 def any_requires_grad(*tensors) -> bool:
@@ -80,15 +88,25 @@ def any_requires_grad(*tensors) -> bool:
 
 
 def apply(function: type[torch.autograd.Function], op, *args):
-    """Run ``op(*args)`` (the custom op) when tracing, else ``function.apply(*args)``."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    return op(*args) if traced(*tensors) else function.apply(*args)
+    """Run ``op(*args)`` (the custom op) when tracing, else ``function.apply(*args)``, or, when
+    nothing is to be differentiated (grad mode off, no input requiring grad), the function's
+    forward alone: no autograd node, no context (``eager_function``)."""
+    if traced(*args):
+        return op(*args)
+    if _grad_enabled():
+        for a in args:
+            if type(a) in _TENSORS and a.requires_grad:
+                return function.apply(*args)
+    return function.launch_forward(*args)
+
+
+_grad_enabled = torch.is_grad_enabled
+_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})  # traced() sent every other tensor type away
 
 
 def call(op, launcher, *args):
     """Backward helper: the custom backward op when tracing, the launcher itself in eager code."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    return op(*args) if traced(*tensors) else launcher(*args)
+    return op(*args) if traced(*args) else launcher(*args)
 
 
 def builds_graph() -> bool:
@@ -111,7 +129,8 @@ def reference_grads(reference, inputs, needs, grad_out):
 
 
 def eager_function(name: str, forward, setup_context, backward) -> type[torch.autograd.Function]:
-    """An autograd.Function built from the pieces registered on the custom op (shared, not copied).
+    """An autograd.Function built from the pieces registered on the custom op (shared, not copied);
+    ``launch_forward`` is the bare forward, for calls with nothing to differentiate (``apply``).
 
     Ops whose extra outputs are saved statistics (the norms' mean and rstd, cross-entropy's lse)
     call ``ctx.set_materialize_grads(False)`` in ``setup_context``: autograd would otherwise
@@ -127,7 +146,7 @@ def eager_function(name: str, forward, setup_context, backward) -> type[torch.au
     return type(
         name,
         (torch.autograd.Function,),
-        {"forward": staticmethod(_forward), "backward": staticmethod(backward)},
+        {"forward": staticmethod(_forward), "backward": staticmethod(backward), "launch_forward": staticmethod(forward)},
     )
 
 
@@ -147,8 +166,55 @@ def launch(kernel, grid):
 
 # --------------------------------------------------------------------------- tensors
 def empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Every kernel output is allocated here (tests replace it to poison outputs with NaN)."""
-    return torch.empty(shape, dtype=dtype, device=device)
+    """Every kernel output is allocated here (tests replace it to poison outputs with NaN):
+    contiguous, through ``_allocator``'s C++ entry point (a third of ``torch.empty``'s host time)."""
+    alloc = _ALLOCATORS.get(device)
+    if alloc is None:
+        alloc = _ALLOCATORS[device] = _allocator(device)
+    layout = _LAYOUTS.get(shape) if type(shape) is not list else None
+    if layout is None:
+        layout = _layout(shape)
+    return alloc(layout[0], layout[1], dtype)
+
+
+_ALLOCATORS: dict = {}
+_LAYOUTS: dict = {}
+
+
+def _layout(shape) -> tuple:
+    """(``shape`` as a plain tuple of ints, its row-major strides), cached: most calls repeat a
+    few shapes (the allocation entry points take exact tuples, not a torch.Size)."""
+    sizes = tuple(int(size) for size in shape)
+    strides, step = [], 1
+    for size in reversed(sizes):
+        strides.append(step)
+        step *= max(size, 1)
+    layout = (sizes, tuple(reversed(strides)))
+    if len(_LAYOUTS) > 4096:  # many shapes (varying batches): start over
+        _LAYOUTS.clear()
+    _LAYOUTS[sizes] = layout
+    return layout
+
+
+def _allocator(device: torch.device):
+    """``alloc(shape, strides, dtype)`` on ``device``: Inductor's allocation entry points (C++,
+    no argument parsing by the dispatcher; they allocate on the current CUDA device, so a tensor
+    for another device takes ``torch.empty_strided``), or ``torch.empty_strided`` where this torch
+    has none."""
+    def fallback(shape, strides, dtype):
+        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+
+    fast = getattr(getattr(torch._C._dynamo, "guards", None), f"_empty_strided_{device.type}", None)
+    if fast is None or device.type not in ("cuda", "cpu") or (device.type == "cuda" and device.index is None):
+        return fallback
+    if device.type == "cpu":
+        return fast
+    index, current = device.index, torch._C._cuda_getDevice
+
+    def on_device(shape, strides, dtype):
+        return fast(shape, strides, dtype) if current() == index else fallback(shape, strides, dtype)
+
+    return on_device
 
 
 def as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -157,6 +223,16 @@ def as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
     if n > 1 and x2.stride(1) != 1:
         x2 = x2.contiguous()
     return x2
+
+
+def row_view(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """(tensor, row stride) for a row kernel that reads ``x`` as [M, n] rows with unit column
+    stride: ``x`` itself and n when it is contiguous (no view: a view costs the host more than
+    the rest of a launch's arguments), else :func:`as_rows` and its row stride."""
+    if x.is_contiguous():
+        return x, n
+    x2 = as_rows(x, n)
+    return x2, x2.stride(0)
 
 
 def needs_int64(*tensors: torch.Tensor) -> bool:
@@ -179,9 +255,19 @@ def _sm_count(index: int) -> int:
 
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of ``device``; 4 under the interpreter (enough to exercise persistent loops)."""
-    if device.type != "cuda":
-        return 4
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    count = _SM_COUNTS.get(device)
+    if count is None:
+        if device.type != "cuda":
+            count = 4
+        elif device.index is None:  # "cuda" alone: the current device, which can change
+            return _sm_count(torch.cuda.current_device())
+        else:
+            count = _sm_count(device.index)
+        _SM_COUNTS[device] = count
+    return count
+
+
+_SM_COUNTS: dict = {}
 
 
 # --------------------------------------------------------------------------- launch configurations

@@ -18,6 +18,7 @@ Probability ("soft") targets are computed from kernelab's log_softmax and PyTorc
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -201,46 +202,61 @@ def _ce_forward(logits, target, weight, ignore_index: int, smoothing: float, red
     stores each row's loss in the logits' dtype directly. The target weights (internal) and denom
     share one float32 allocation (outputs of a custom op must not alias each other: lse has its own)."""
     m, c = logits.shape
-    lse = _common.empty((m,), torch.float32, logits.device)
-    scratch = _common.empty((m + 1,), torch.float32, logits.device)
-    denom, wt = scratch[0], scratch[1:]  # denom at offset 0, as the fake implementation's
+    device = logits.device
+    lse = _common.empty((m,), torch.float32, device)
+    # denom and the target weights (internal) in allocations of their own: two allocations cost
+    # the host less than one sliced in two
+    denom, wt = _common.empty((), torch.float32, device), _common.empty((m,), torch.float32, device)
     none = reduction == "none"
-    loss = _common.empty((m,), logits.dtype if none else torch.float32, logits.device)
+    loss = _common.empty((m,), logits.dtype if none else torch.float32, device)
     if m and c:
-        x = _common.as_rows(logits, c)
-        block_c = min(_common.next_pow2(c), _fwd_chunk(c))
+        x, stride_x = _common.row_view(logits, c)
         _common.launch(_ce_fwd_kernel, (m,))(
-            x, target, weight, _weight_sum(weight, smoothing), loss, lse, wt,
-            x.stride(0), m, c, ignore_index, smoothing,
-            HAS_WEIGHT=weight is not None, SMOOTH=smoothing > 0, BLOCK_C=block_c,
-            STAGES=_common.STAGES, num_warps=_common.warps_for(block_c),
+            x, target, weight, _weight_sum(weight, smoothing), loss, lse, wt, stride_x, m, c, ignore_index, smoothing,
+            **_fwd_keywords(c, weight is not None, smoothing > 0, FWD_BLOCK_C),
         )
     elif m:
         loss.fill_(float("nan")), lse.fill_(float("-inf")), wt.fill_(1.0)
     if none:
         return loss, lse, denom
-    out = _common.empty((), logits.dtype, logits.device)
+    out = _common.empty((), logits.dtype, device)
     _common.launch(_ce_reduce_kernel, (1,))(
         loss, wt, out, denom, m, MEAN=reduction == "mean", BLOCK=REDUCE_BLOCK, num_warps=8,
     )
     return out, lse, denom
 
 
+@functools.lru_cache(maxsize=1024)
+def _fwd_keywords(c: int, has_weight: bool, smooth: bool, _block_override) -> dict:
+    """The row kernel's constexprs and warps for C classes (cached: host time per call; callers
+    only unpack it; FWD_BLOCK_C, the tuning override, is part of the key)."""
+    block_c = min(_common.next_pow2(c), _fwd_chunk(c))
+    return dict(HAS_WEIGHT=has_weight, SMOOTH=smooth, BLOCK_C=block_c, STAGES=_common.STAGES,
+                num_warps=_common.warps_for(block_c))
+
+
 def _ce_backward(grad, logits, target, weight, lse, denom, ignore_index: int, smoothing: float, reduction: str):
     """d loss / d logits, [M, C] in the logits' dtype."""
     m, c = logits.shape
     dx = _common.empty((m, c), logits.dtype, logits.device)
-    if dx.numel() == 0:
+    if m == 0 or c == 0:
         return dx
-    x = _common.as_rows(logits, c)
-    block_c = min(_common.next_pow2(c), BWD_BLOCK_C)
-    _common.launch(_ce_bwd_kernel, (_common.cdiv(c, block_c) * m,))(
+    x, stride_x = _common.row_view(logits, c)
+    col_blocks, keywords = _bwd_launch(c, weight is not None, smoothing > 0, reduction == "mean", BWD_BLOCK_C)
+    _common.launch(_ce_bwd_kernel, (col_blocks * m,))(
         x, target, weight, _weight_sum(weight, smoothing), lse, grad, denom, dx,
-        x.stride(0), grad.stride(0) if grad.dim() else 0, dx.stride(0), m, c, ignore_index, smoothing,
-        HAS_WEIGHT=weight is not None, SMOOTH=smoothing > 0, MEAN=reduction == "mean",
-        BLOCK_C=block_c, num_warps=_common.warps_for(block_c),
+        stride_x, grad.stride(0) if grad.dim() else 0, c, m, c, ignore_index, smoothing, **keywords,
     )
     return dx
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_launch(c: int, has_weight: bool, smooth: bool, mean: bool, block: int) -> tuple[int, dict]:
+    """(column blocks a row, constexprs and warps) of the backward kernel, ``block`` BWD_BLOCK_C
+    (cached: host time)."""
+    block_c = min(_common.next_pow2(c), block)
+    return _common.cdiv(c, block_c), dict(HAS_WEIGHT=has_weight, SMOOTH=smooth, MEAN=mean, BLOCK_C=block_c,
+                                           num_warps=_common.warps_for(block_c))
 
 
 # --------------------------------------------------------------------------- custom ops and autograd
@@ -331,9 +347,11 @@ def check_targets_on_host(target: torch.Tensor, n_classes: int, ignore_index: in
     check is free: real targets in CPU memory (the interpreter), outside a compiled graph and
     fake-tensor tracing (a data-dependent branch there would break the graph). On a GPU such a row's loss is NaN instead: the
     check would cost a device-to-host sync per call."""
+    if not target.is_cpu or target.numel() == 0 or torch.compiler.is_compiling():
+        return
     from torch._subclasses.fake_tensor import is_fake
 
-    if target.device.type != "cpu" or torch.compiler.is_compiling() or is_fake(target) or target.numel() == 0:
+    if is_fake(target):
         return
     bad = (target != ignore_index) & ((target < 0) | (target >= n_classes))
     if bool(bad.any()):
@@ -349,19 +367,24 @@ def _torch_decides(input, target, weight, reduction: str, label_smoothing: float
     requires grad (nll_loss has no derivative for it: PyTorch raises)."""
     if reduction not in _REDUCTIONS or label_smoothing > 1.0 or not isinstance(target, torch.Tensor):
         return True
-    if input.dim() == 0 or not _common.use_triton(input):
+    dim = input.dim()
+    if dim == 0 or not _common.use_triton(input):
         return True
-    class_dim = 0 if input.dim() == 1 else 1
+    class_dim = 0 if dim == 1 else 1
     c = input.shape[class_dim]
-    if c == 0 or any(t is not None and t.device != input.device for t in (target, weight)):
+    device = input.device
+    if c == 0 or target.device != device or (weight is not None and weight.device != device):
         return True
     if weight is not None and (weight.dim() != 1 or weight.numel() != c or weight.dtype != input.dtype):
         return True
     if target.is_floating_point() and target.shape == input.shape:
         return False  # probabilities: a differentiable formula, a weight may require grad
     weight_grad = weight is not None and weight.requires_grad and torch.is_grad_enabled()
-    expected = input.shape[:class_dim] + input.shape[class_dim + 1:]
-    return target.shape != expected or target.dtype not in (torch.int64, torch.uint8) or weight_grad
+    if dim == 2:  # the common (N, C) logits: the target is (N,)
+        wrong_shape = target.dim() != 1 or target.shape[0] != input.shape[0]
+    else:
+        wrong_shape = target.shape != input.shape[:class_dim] + input.shape[class_dim + 1:]
+    return wrong_shape or target.dtype not in (torch.int64, torch.uint8) or weight_grad
 
 
 def cross_entropy(
@@ -397,7 +420,7 @@ def cross_entropy(
     # logits as [M, C] rows, class dim last (a K-dim input is transposed once)
     logits = input.movedim(class_dim, -1).reshape(-1, c) if input.dim() != 2 else input
     weight = None if weight is None else weight.contiguous()
-    loss = _common.apply(
-        _CrossEntropy, _ce_op, logits, target.reshape(-1).contiguous(), weight, int(ignore_index), smoothing, reduction
-    )[0]
+    if target.dim() != 1 or not target.is_contiguous():  # (reshape makes a view even of a flat target)
+        target = target.reshape(-1).contiguous()
+    loss = _common.apply(_CrossEntropy, _ce_op, logits, target, weight, int(ignore_index), smoothing, reduction)[0]
     return loss.reshape(input.shape[:class_dim] + input.shape[class_dim + 1:]) if reduction == "none" else loss

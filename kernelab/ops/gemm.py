@@ -24,6 +24,7 @@ column sums (one kernel), and SwiGLU's dG = dY * U * silu'(G), dU = dY * silu(G)
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -289,12 +290,18 @@ def candidates(m: int, n: int, dual: bool, dtype: torch.dtype, device: torch.dev
     """The configurations to try for this shape, fitted to the dtype (float32: half BLOCK_K, so
     that a stage holds the same bytes, and at least 8 warps where a tile has 128 x 128 or more:
     with 4, sm_90 compiles spill)."""
-    configs = CONFIGS[shape_class(m, n, dual, device)]
+    return list(_fitted(shape_class(m, n, dual, device), dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _fitted(kind: str, dtype: torch.dtype) -> tuple[GemmConfig, ...]:
+    """CONFIGS[kind] fitted to ``dtype`` (see ``candidates``; cached: host time per call)."""
+    configs = CONFIGS[kind]
     if dtype == torch.float32:
-        configs = [dataclasses.replace(c, block_k=max(16, c.block_k // 2),
-                                       num_warps=8 if c.block_m * c.block_n >= 128 * 128 else c.num_warps)
-                   for c in configs]
-    return list(configs)
+        configs = tuple(dataclasses.replace(c, block_k=max(16, c.block_k // 2),
+                                            num_warps=8 if c.block_m * c.block_n >= 128 * 128 else c.num_warps)
+                        for c in configs)
+    return configs
 
 
 # --------------------------------------------------------------------------- launchers
@@ -308,9 +315,16 @@ def code_for(activation_name: str, dtype: torch.dtype) -> int:
 
 def tma_supported(device: torch.device) -> bool:
     """TMA descriptors exist in this Triton and this device has the copy engine (sm_90+)."""
-    if not hasattr(tl, "make_tensor_descriptor"):
-        return False
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    supported = _TMA.get(device)
+    if supported is None:
+        supported = hasattr(tl, "make_tensor_descriptor") and device.type == "cuda" and (
+            torch.cuda.get_device_capability(device)[0] >= 9)
+        if device.type != "cuda" or device.index is not None:  # "cuda" alone: the current device
+            _TMA[device] = supported
+    return supported
+
+
+_TMA: dict = {}
 
 
 def _k_major(t: torch.Tensor) -> bool | None:
@@ -366,7 +380,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, b2: torch.Tensor | None = None, bi
     z2 = _common.empty((m, n), a.dtype, a.device) if store_z and dual else None
     if m == 0 or n == 0:
         return y, z, z2
-    config = config or candidates(m, n, dual, a.dtype, a.device)[0]
+    config = config or _fitted(shape_class(m, n, dual, a.device), a.dtype)[0]
     use_tma, a_k_major, b_k_major = _use_tma(a, b, tma)
     if use_tma and not _common.INTERPRETED:
         triton.set_allocator(_scratch)  # per launch: the allocator is a context variable (autograd's threads)

@@ -26,6 +26,7 @@ For "none" the per-row grad_output is only known in the backward, which recomput
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -119,15 +120,25 @@ def _logits_into(out, hidden_c, weight, bias):
 
 
 def _launch_rows(logits, target, scale, denom, loss_rows, smoothing, ignore_index, scaled, mean, grad):
+    """The fused kernel over one chunk of contiguous [R, V] logits (row stride V)."""
     r, v = logits.shape
-    few = r < FEW_ROWS_PER_SM * _common.sm_count(logits.device)
-    block_c = min(_common.next_pow2(v), FEW_ROWS_BLOCK_C if few else BLOCK_C)
     _common.launch(_lce_kernel, (r,))(
         logits, target, scale if scaled else denom, denom, loss_rows,
-        logits.stride(0), scale.stride(0) if scaled and scale.dim() else 0, r, v, ignore_index, smoothing,
-        SMOOTH=smoothing > 0, SCALED=scaled, MEAN=mean, GRAD=grad, BLOCK_C=block_c,
-        STAGES=_common.STAGES, num_warps=_common.warps_for(block_c),
+        v, scale.stride(0) if scaled and scale.dim() else 0, r, v, ignore_index, smoothing,
+        **_row_keywords(r, v, _common.sm_count(logits.device), smoothing > 0, scaled, mean, grad,
+                        (BLOCK_C, FEW_ROWS_BLOCK_C, FEW_ROWS_PER_SM)),
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_keywords(r: int, v: int, sms: int, smooth: bool, scaled: bool, mean: bool, grad: bool, rule: tuple) -> dict:
+    """The fused kernel's constexprs and warps for chunks of R rows of V classes on ``sms`` SMs,
+    ``rule`` (BLOCK_C, FEW_ROWS_BLOCK_C, FEW_ROWS_PER_SM) as set (cached: host time per call;
+    callers only unpack it)."""
+    block, few_block, few_per_sm = rule
+    block_c = min(_common.next_pow2(v), few_block if r < few_per_sm * sms else block)
+    return dict(SMOOTH=smooth, SCALED=scaled, MEAN=mean, GRAD=grad, BLOCK_C=block_c, STAGES=_common.STAGES,
+                num_warps=_common.warps_for(block_c))
 
 
 def _chunk_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ignore_index: int,
@@ -143,16 +154,20 @@ def _chunk_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ig
     if dw is not None and n == 0:
         dw.zero_()
     buf = _common.empty((min(chunk_rows, n), v), hidden.dtype, dev)
+    per_row = scale is not None and scale.dim() > 0  # a per-row grad_output
     for start in range(0, n, chunk_rows):
-        hidden_c = hidden[start:start + chunk_rows]
-        rows = slice(start, start + hidden_c.shape[0])
-        logits = buf[:hidden_c.shape[0]]
+        if n <= chunk_rows:  # one chunk: the tensors themselves (a slice costs the host a view each)
+            hidden_c, logits, target_c, loss_c, scale_c, dh_c = hidden, buf, target, loss_rows, scale, dh
+        else:
+            hidden_c = hidden[start:start + chunk_rows]
+            rows = slice(start, start + hidden_c.shape[0])
+            logits, target_c, loss_c = buf[:hidden_c.shape[0]], target[rows], loss_rows[rows]
+            scale_c = scale[rows] if per_row else scale
+            dh_c = dh[rows] if dh is not None else None
         _logits_into(logits, hidden_c, weight, bias)
-        chunk_scale = scale[rows] if scale is not None and scale.dim() else scale  # per-row grad_output
-        _launch_rows(logits, target[rows], chunk_scale, denom, loss_rows[rows], smoothing, ignore_index,
-                     scale is not None, mean, grad)
+        _launch_rows(logits, target_c, scale_c, denom, loss_c, smoothing, ignore_index, scale is not None, mean, grad)
         if dh is not None:
-            torch.mm(logits, weight, out=dh[rows])
+            torch.mm(logits, weight, out=dh_c)
         if dw is not None:  # the first chunk writes dW, later ones accumulate (cuBLAS beta = 1)
             torch.mm(logits.t(), hidden_c, out=dw) if start == 0 else dw.addmm_(logits.t(), hidden_c)
         if db is not None:

@@ -397,27 +397,35 @@ def _fwd_tile(m: int, n: int, rms: bool, config: NormConfig) -> tuple[int, int, 
     return block_m, block_n, warps, LONG_ROW_MAXNREG if block_n >= 16384 and not rms else None
 
 
+@functools.lru_cache(maxsize=1024)
+def _fwd_launch(m: int, n: int, rms: bool, has_w: bool, has_b: bool, config: Optional[NormConfig]) -> tuple:
+    """(grid, keywords) of the one-pass forward; ``config`` None for DEFAULT (cached per call shape:
+    a frozen dataclass hashes every field, DEFAULT's calls skip that)."""
+    block_m, block_n, warps, maxnreg = _fwd_tile(m, n, rms, config or DEFAULT)
+    keywords = dict(RMS=rms, HAS_W=has_w, HAS_B=has_b, BLOCK_M=block_m, BLOCK_N=block_n,
+                    STAGES=_common.ONE_PASS_STAGES, num_warps=warps, maxnreg=maxnreg)
+    return (_common.cdiv(m, block_m),), keywords
+
+
 def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, config: NormConfig = DEFAULT):
-    """(y, mean, rstd): y of x's shape and dtype; mean and rstd float32 per row (mean empty for rms)."""
+    """(y, mean, rstd): y of x's shape and dtype; mean and rstd float32 per row (mean empty for rms).
+    y is contiguous: the kernel writes it as [M, N] rows of stride N (no view made)."""
     y = _common.empty(x.shape, x.dtype, x.device)
     m = x.numel() // n if n else 0
     mean = _common.empty((0 if rms else m,), torch.float32, x.device)
     rstd = _common.empty((m,), torch.float32, x.device)
     if m == 0 or n == 0:
         return y, mean, rstd
-    x2, y2 = _common.as_rows(x, n), y.view(-1, n)
+    x2, stride_x = _common.row_view(x, n)
     w, b = weight, bias
     if n <= FWD_ONE_PASS_MAX:
-        block_m, block_n, warps, maxnreg = _fwd_tile(m, n, rms, config)
-        _common.launch(_norm_fwd_kernel, (_common.cdiv(m, block_m),))(
-            x2, w, b, y2, mean, rstd, x2.stride(0), y2.stride(0), m, n, eps,
-            RMS=rms, HAS_W=w is not None, HAS_B=b is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-            STAGES=_common.ONE_PASS_STAGES, num_warps=warps, maxnreg=maxnreg,
-        )
-    elif (p := teams.plan(m, n, x.device, FWD_TEAM_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM,
+        grid, keywords = _fwd_launch(m, n, rms, w is not None, b is not None, None if config is DEFAULT else config)
+        _common.launch(_norm_fwd_kernel, grid)(x2, w, b, y, mean, rstd, stride_x, n, m, n, eps, **keywords)
+        return y, mean, rstd
+    if (p := teams.plan(m, n, x.device, FWD_TEAM_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM,
                           longer_than=FWD_ONE_PASS_MAX)) is not None:
         _common.launch(_norm_fwd_team_kernel, p.grid)(
-            x2, w, b, y2, mean, rstd, *teams.buffers(x.device, p), x2.stride(0), y2.stride(0), m, n, eps,
+            x2, w, b, y, mean, rstd, *teams.buffers(x.device, p), stride_x, n, m, n, eps,
             RMS=rms, HAS_W=w is not None, HAS_B=b is not None,
             CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, PREFETCH=FWD_TEAM_PREFETCH,
             num_warps=p.warps, maxnreg=p.maxnreg,
@@ -426,7 +434,7 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, 
         block_n, warps = _common.chunk_config(x.element_size())
         grid = _common.persistent_grid(m, n * x.element_size(), x.device)
         _common.launch(_norm_fwd_looped_kernel, (grid,))(
-            x2, w, b, y2, mean, rstd, x2.stride(0), y2.stride(0), m, n, eps,
+            x2, w, b, y, mean, rstd, stride_x, n, m, n, eps,
             RMS=rms, HAS_W=w is not None, HAS_B=b is not None, BLOCK_N=block_n, num_warps=warps,
         )
     return y, mean, rstd
@@ -462,6 +470,7 @@ class _BwdPlan(NamedTuple):
     kernel_args: dict  # constexprs and num_warps (only ever read)
     row_programs: int
     rows_per_program: int
+    grid: tuple
 
 
 _BWD_PLANS: dict = {}
@@ -478,12 +487,12 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
         dw = torch.zeros((n if need_dw else 0,), dtype=wdtype, device=x.device)
         db = torch.zeros((n if need_db else 0,), dtype=wdtype, device=x.device)
         return dx, dw, db
-    x2, dy2, dx2 = _common.as_rows(x, n), _common.as_rows(dy, n), dx.view(-1, n)
+    (x2, stride_x), (dy2, stride_dy) = _common.row_view(x, n), _common.row_view(dy, n)
     c = None
     if n > config.bwd_max_fused:  # long rows: c1 and c2 first (one more read of x and dy), then column tiles
-        c = torch.empty((m, 2), dtype=torch.float32, device=x.device)
+        c = _common.empty((m, 2), torch.float32, x.device)
         _common.launch(_norm_bwd_stats_kernel, (m,))(
-            x2, weight, dy2, mean, rstd, c, x2.stride(0), dy2.stride(0), m, n,
+            x2, weight, dy2, mean, rstd, c, stride_x, stride_dy, m, n,
             RMS=rms, HAS_W=weight is not None, BLOCK_N=LONG_BWD_TILE, num_warps=8,
         )
     atomic = config.bwd_atomic and (need_dw or need_db)
@@ -492,37 +501,42 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
         db = _common.empty((n if need_db else 0,), wdtype, x.device)
         ws, count = _common.zeroed_workspace(x.device, 2 * n)
         sums = (ws, ws, count, dw, db)
-    key = (m, n, rms, weight is not None, need_dw, need_db, config, x.dtype, wdtype, x.device)
+    # DEFAULT keys as None: a frozen dataclass hashes every field
+    key = (m, n, rms, weight is not None, need_dw, need_db, None if config is DEFAULT else config, x.dtype, wdtype,
+           x.device)
     plan = _BWD_PLANS.get(key)
     if plan is None:
         if len(_BWD_PLANS) > 4096:  # many row counts (varying batches): start over
             _BWD_PLANS.clear()
         stand_ins = sums if atomic else (rstd if need_dw else None, rstd if need_db else None, None, None, None)
-        plan = _BWD_PLANS[key] = _bwd_plan(key, (x2, weight, dy2, mean, rstd, c, dx2, *stand_ins))
+        plan = _BWD_PLANS[key] = _bwd_plan(key, config, (x2, weight, dy2, mean, rstd, c, dx, *stand_ins),
+                                           (stride_x, stride_dy))
     if not atomic:  # [programs, N] float32 partial rows, summed by a second kernel
         sums = (*_partials(need_dw, need_db, plan.row_programs, n, x.device), None, None, None)
-    _common.launch(_norm_bwd_kernel, (plan.row_programs, plan.tile.col_blocks))(
-        x2, weight, dy2, mean, rstd, c, dx2, *sums, x2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
-        plan.rows_per_program, **plan.kernel_args,
+    # dx is contiguous: written as [M, N] rows of stride N (no view made)
+    _common.launch(_norm_bwd_kernel, plan.grid)(
+        x2, weight, dy2, mean, rstd, c, dx, *sums, stride_x, stride_dy, n, m, n, plan.rows_per_program,
+        **plan.kernel_args,
     )
     if atomic:
         return dx, dw, db
     return (dx, *_weight_grads(sums[0], sums[1], n, wdtype, x.device))
 
 
-def _bwd_plan(key: tuple, pointers: tuple) -> _BwdPlan:
+def _bwd_plan(key: tuple, config: NormConfig, pointers: tuple, strides: tuple) -> _BwdPlan:
     """The launch of ``_norm_bwd_kernel`` for ``key`` (see ``_norm_backward``); ``pointers`` are
-    its pointer arguments (stand-ins of the right types where the real ones depend on the grid)."""
-    m, n, rms, has_w, need_dw, need_db, config, _, _, device = key
+    its pointer arguments (stand-ins of the right types where the real ones depend on the grid),
+    ``strides`` x's and dy's row strides."""
+    m, n, rms, has_w, need_dw, need_db, _, _, _, device = key
     tile = _bwd_tile(m, n, config)
     constexprs = dict(RMS=rms, HAS_W=has_w, NEED_DW=need_dw, NEED_DB=need_db, ROW_IN_TILE=tile.col_blocks == 1,
                       HOLD_W=config.bwd_hold_w, ATOMIC=config.bwd_atomic and (need_dw or need_db),
                       BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, STAGES=config.bwd_stages)
-    x2, dy2, dx2 = pointers[0], pointers[2], pointers[6]
-    args = (*pointers, x2.stride(0), dy2.stride(0), dx2.stride(0), m, n, _common.cdiv(m, 4 * _common.sm_count(device)))
+    args = (*pointers, *strides, n, m, n, _common.cdiv(m, 4 * _common.sm_count(device)))
     programs = _bwd_programs(tile, config, args, constexprs, device)
     row_programs, rows_per_program = _bwd_rows(m, tile.block_m, programs)
-    return _BwdPlan(tile, dict(constexprs, num_warps=tile.warps), row_programs, rows_per_program)
+    return _BwdPlan(tile, dict(constexprs, num_warps=tile.warps), row_programs, rows_per_program,
+                    (row_programs, tile.col_blocks))
 
 
 def _bwd_rows(m: int, block_m: int, programs: int) -> tuple[int, int]:
@@ -553,9 +567,11 @@ def _bwd_programs(tile: _BwdTile, config: NormConfig, args: tuple, constexprs: d
 
 
 def _partials(need_dw: bool, need_db: bool, programs: int, n: int, device: torch.device):
-    """[programs, n] float32 partial rows of dw and db (None where not needed), one allocation."""
-    partials = torch.empty((int(need_dw) + int(need_db), programs, n), dtype=torch.float32, device=device)
-    return (partials[0] if need_dw else None), (partials[-1] if need_db else None)
+    """[programs, n] float32 partial rows of dw and db (None where not needed): two allocations
+    through ``_common.empty`` cost the host less than one sliced in two."""
+    shape = (programs, n)
+    return (_common.empty(shape, torch.float32, device) if need_dw else None,
+            _common.empty(shape, torch.float32, device) if need_db else None)
 
 
 def _weight_grads(dw, db, n: int, wdtype: torch.dtype, device: torch.device):

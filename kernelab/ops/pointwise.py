@@ -15,7 +15,9 @@ summed per program in-kernel (a [programs, N] float32 partial) rather than writt
 
 from __future__ import annotations
 
+import functools
 import numbers
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -221,18 +223,29 @@ def _as_2d(t: torch.Tensor, shape: torch.Size, m: int, n: int) -> torch.Tensor:
 
 
 def _layout(a: torch.Tensor, b: torch.Tensor):
-    """(shape, m, n, a2, b2): the broadcast shape as [m, n] (flat [1, numel] when nothing broadcasts)."""
+    """(shape, m, n, (a2, its [M, N] strides), (b2, its strides)): the broadcast shape as [m, n]
+    rows; operands of one shape, both contiguous (the common case), as flat [1, numel] rows
+    passed as they are (no view made, no broadcast_shapes: ~10 us of Python)."""
     if a.shape == b.shape:
         shape = a.shape
-        if a.is_contiguous() and b.is_contiguous():  # the common case: two flat views, nothing else
+        if a.is_contiguous() and b.is_contiguous():
             numel = shape.numel()
-            return shape, 1, numel, a.view(1, numel), b.view(1, numel)
-    else:  # torch.broadcast_shapes costs ~10 us of Python: only when shapes differ
+            return shape, 1, numel, (a, (numel, 1)), (b, (numel, 1))
+    else:
         shape = torch.broadcast_shapes(a.shape, b.shape)
     numel = shape.numel()
     n = shape[-1] if len(shape) else 1
     m = numel // n if n else 0
-    return shape, m, n, _as_2d(a, shape, m, n), _as_2d(b, shape, m, n)
+    a2, b2 = _as_2d(a, shape, m, n), _as_2d(b, shape, m, n)
+    return shape, m, n, (a2, a2.stride()), (b2, b2.stride())
+
+
+def _rows(t: torch.Tensor, shape: torch.Size, m: int, n: int):
+    """(t2, its [M, N] strides) for ``t`` of the layout's shape: ``t`` itself when contiguous."""
+    if t.shape == shape and t.is_contiguous():
+        return t, (n, 1)
+    t2 = _as_2d(t, shape, m, n)
+    return t2, t2.stride()
 
 
 def _grid(m: int, n: int, block_m: int, block_n: int, row_programs: int):
@@ -248,6 +261,16 @@ def _config(n: int) -> tuple[int, int, int]:
     return max(1, 4096 // block_n), block_n, 8
 
 
+@functools.lru_cache(maxsize=1024)
+def _launch_config(m: int, n: int, programs: Optional[int]) -> tuple:
+    """(grid, rows per program, BLOCK_M, BLOCK_N, num_warps) for [m, n]: one row block a program
+    (``programs`` None), or at most ``programs`` programs shared among the column blocks (cached:
+    host time per call)."""
+    block_m, block_n, warps = _config(n)
+    rows = _common.cdiv(m, block_m) if programs is None else programs // _common.cdiv(n, block_n)
+    return (*_grid(m, n, block_m, block_n, rows), block_m, block_n, warps)
+
+
 def _activation(kind: str, dtype: torch.dtype) -> tuple[int, bool]:
     """(activation code, multiply) of ``kind`` for inputs of ``dtype``."""
     act, mul = KINDS[kind]
@@ -257,66 +280,60 @@ def _activation(kind: str, dtype: torch.dtype) -> tuple[int, bool]:
 
 
 def _pointwise_forward(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Tensor:
+    """y, contiguous (written as [M, N] rows of stride N: no view made)."""
     act, mul = _activation(kind, a.dtype)
-    shape, m, n, a2, b2 = _layout(a, b)
+    shape, m, n, (a2, sa), (b2, sb) = _layout(a, b)
     y = _common.empty(shape, a.dtype, a.device)
-    if y.numel() == 0:
+    if m == 0 or n == 0:
         return y
-    y2 = y.view(m, n)
-    block_m, block_n, warps = _config(n)
-    grid, rows_per_program = _grid(m, n, block_m, block_n, _common.cdiv(m, block_m))
+    grid, rows_per_program, block_m, block_n, warps = _launch_config(m, n, None)
     _common.launch(_pointwise_fwd_kernel, grid)(
-        a2, b2, y2,
-        a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), y2.stride(0),
-        m, n, rows_per_program,
-        ACT=act, MUL=mul, BLOCK_M=block_m, BLOCK_N=block_n,
-        INT64=_common.needs_int64(a2, b2, y2), num_warps=warps,
+        a2, b2, y, sa[0], sa[1], sb[0], sb[1], n, m, n, rows_per_program,
+        ACT=act, MUL=mul, BLOCK_M=block_m, BLOCK_N=block_n, INT64=_common.needs_int64(a2, b2, y), num_warps=warps,
     )
     return y
 
 
 def _pointwise_backward(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, kind: str, a_shape: list[int], b_shape: list[int]):
-    """(da, db) with shapes a_shape, b_shape. For add_relu, ``a`` is the forward's output."""
+    """(da, db) with shapes a_shape, b_shape (``b`` has b_shape). For add_relu, ``a`` is the
+    forward's output. Gradients of the layout's shape are contiguous, written as [M, N] rows of
+    stride N."""
     act, mul = _activation(kind, a.dtype)
-    shape, m, n, a2, b2 = _layout(a, b)
+    shape, m, n, (a2, sa), (b2, sb) = _layout(a, b)
     da = _common.empty(shape, a.dtype, a.device)
-    if da.numel() == 0:
+    if m == 0 or n == 0:
         db_shape = (0,) if _shares_grad(kind, a_shape, b_shape) else b_shape
         return torch.zeros(a_shape, dtype=a.dtype, device=a.device), torch.zeros(db_shape, dtype=b.dtype, device=b.device)
-    dy2 = _as_2d(dy, shape, m, n)
-    da2 = da.view(m, n)
-    block_m, block_n, warps = _config(n)
-    row_bias = list(b_shape) != list(shape) and b2.stride(0) == 0 and b2.stride(1) == 1 and m > 1
-    if row_bias:
+    dy2, sdy = _rows(dy, shape, m, n)
+    b_full = b.shape == shape
+    if not b_full and sb[0] == 0 and sb[1] == 1 and m > 1:  # b broadcast along rows: per-program column sums
         mode = DB_ROWSUM.value
-        grid, rows_per_program = _grid(m, n, block_m, block_n, (4 * _common.sm_count(a.device)) // _common.cdiv(n, block_n))
-        db2 = torch.empty((grid[1], n), dtype=torch.float32, device=a.device)
+        grid, rows_per_program, block_m, block_n, warps = _launch_config(m, n, 4 * _common.sm_count(a.device))
+        db2 = _common.empty((grid[1], n), torch.float32, a.device)
     elif mul:
         mode = DB_FULL.value
-        grid, rows_per_program = _grid(m, n, block_m, block_n, _common.cdiv(m, block_m))
-        db2 = _common.empty((m, n), b.dtype, b.device)
+        grid, rows_per_program, block_m, block_n, warps = _launch_config(m, n, None)
+        db2 = _common.empty(shape, b.dtype, b.device)
     else:
         mode = DB_SAME.value
-        grid, rows_per_program = _grid(m, n, block_m, block_n, _common.cdiv(m, block_m))
+        grid, rows_per_program, block_m, block_n, warps = _launch_config(m, n, None)
         db2 = None
     _common.launch(_pointwise_bwd_kernel, grid)(
-        dy2, a2, b2, da2, db2,
-        dy2.stride(0), dy2.stride(1), a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1),
-        da2.stride(0), db2.stride(0) if db2 is not None else 0,
+        dy2, a2, b2, da, db2, sdy[0], sdy[1], sa[0], sa[1], sb[0], sb[1], n, n if db2 is not None else 0,
         m, n, rows_per_program,
         ACT=act, MUL=mul, DB_MODE=mode, BLOCK_M=block_m, BLOCK_N=block_n,
-        INT64=_common.needs_int64(dy2, a2, b2, da2), num_warps=warps,
+        INT64=_common.needs_int64(dy2, a2, b2, da), num_warps=warps,
     )
     # gradients of broadcast operands: sum over the broadcast dims
     if mode == DB_ROWSUM.value:
         db = _common.sum_partials(db2, None, b.dtype)[0].reshape(b_shape)
     elif mode == DB_FULL.value:
-        db = db2.view(shape).sum_to_size(b_shape)
-    elif list(b_shape) == list(shape):
+        db = db2 if b_full else db2.sum_to_size(b_shape)
+    elif b_full:
         db = da.new_empty((0,))  # the same values as da: the caller reuses da (no copy, no alias)
     else:
         db = da.sum_to_size(b_shape)
-    return da.sum_to_size(a_shape), db
+    return (da if tuple(a_shape) == shape else da.sum_to_size(a_shape)), db
 
 
 # --------------------------------------------------------------------------- custom ops and autograd
@@ -405,12 +422,17 @@ def _run(kind: str, a, b):
     if not isinstance(a, torch.Tensor):
         raise TypeError(f"{kind}(): argument 'input' must be Tensor, not {type(a).__name__}")
     dtype = _result_type(a, b)
-    if isinstance(b, numbers.Number) or (isinstance(b, torch.Tensor) and b.dim() == 0 and b.device != a.device):
-        b = torch.as_tensor(b, dtype=dtype, device=a.device)
-    other_device = isinstance(b, torch.Tensor) and b.device != a.device  # PyTorch's error, or its rule
+    device = a.device
+    tensor = isinstance(b, torch.Tensor)
+    if (not tensor and isinstance(b, numbers.Number)) or (tensor and b.dim() == 0 and b.device != device):
+        b = torch.as_tensor(b, dtype=dtype, device=device)
+    other_device = isinstance(b, torch.Tensor) and b.device != device  # PyTorch's error, or its rule
     if dtype not in _common.FLOAT_DTYPES or other_device or not _common.use_triton(a):
         return REFERENCES[kind](a, b)
-    a, b = a.to(dtype), b.to(dtype)
+    if a.dtype != dtype:
+        a = a.to(dtype)
+    if b.dtype != dtype:
+        b = b.to(dtype)
     if not KINDS[kind][1] and b.shape != a.shape and torch.broadcast_shapes(a.shape, b.shape) == b.shape:
         a, b = b, a  # additive kinds commute: keep the full-size operand first
     return _common.apply(_Pointwise, _pointwise_op, a, b, kind)

@@ -21,6 +21,8 @@ evict-last loads in the first pass, so that L2 can serve part of the re-read.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -270,60 +272,68 @@ def _softmax_bwd_team_kernel(
 
 
 # --------------------------------------------------------------------------- launchers
+@functools.lru_cache(maxsize=1024)
+def _one_pass_launch(m: int, n: int, log: bool, tile, per_thread) -> tuple:
+    """(grid, keywords) of the one-pass forward or backward kernel (cached per call shape; ``tile``
+    and ``per_thread`` are ``row_tile``'s overrides in force)."""
+    block_m, block_n, warps = _common.row_tile(m, n, tile=tile, per_thread=per_thread)
+    grid = (_common.tile_grid(m, block_m, warps, None),)
+    return grid, dict(LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps)
+
+
 def _softmax_forward(x: torch.Tensor, log: bool) -> torch.Tensor:
-    """y = softmax / log_softmax of ``x`` over its last dim; contiguous, x's dtype."""
+    """y = softmax / log_softmax of ``x`` over its last dim; contiguous, x's dtype (written as
+    [M, N] rows of stride N: no view made)."""
     n = x.shape[-1] if x.dim() else 1
     y = _common.empty(x.shape, x.dtype, x.device)
-    if x.numel() == 0:
+    numel = x.numel()
+    if numel == 0:
         return y
-    x2, y2 = _common.as_rows(x, n), y.view(-1, n)
-    m = x2.shape[0]
+    (x2, stride_x), m = _common.row_view(x, n), numel // n
     if n <= _common.MAX_FUSED:
-        block_m, block_n, warps = _common.row_tile(m, n)
-        _common.launch(_softmax_fwd_kernel, (_common.tile_grid(m, block_m, warps, x.device),))(
-            x2, y2, x2.stride(0), y2.stride(0), m, n,
-            LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
-        )
-    elif (p := teams.plan(m, n, x.device, teams.FWD_CHUNK, teams.FWD_WARPS, teams.FWD_PER_SM)) is not None:
+        grid, keywords = _one_pass_launch(m, n, log, _common.ROW_TILE, _common.ROW_PER_THREAD)
+        _common.launch(_softmax_fwd_kernel, grid)(x2, y, stride_x, n, m, n, **keywords)
+        return y
+    if (p := teams.plan(m, n, x.device, teams.FWD_CHUNK, teams.FWD_WARPS, teams.FWD_PER_SM)) is not None:
         _common.launch(_softmax_fwd_team_kernel, p.grid)(
-            x2, y2, *teams.buffers(x.device, p), x2.stride(0), y2.stride(0), m, n,
+            x2, y, *teams.buffers(x.device, p), stride_x, n, m, n,
             LOG=log, CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, num_warps=p.warps, maxnreg=p.maxnreg,
         )
     else:
         block_n, warps = _common.chunk_config(x.element_size())
         grid = _common.persistent_grid(m, n * x.element_size(), x.device)
         _common.launch(_softmax_fwd_looped_kernel, (grid,))(
-            x2, y2, x2.stride(0), y2.stride(0), m, n,
+            x2, y, stride_x, n, m, n,
             LOG=log, BLOCK_N=block_n, num_warps=warps,
         )
     return y
 
 
 def _softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool) -> torch.Tensor:
-    """dx from the saved output ``y`` and the incoming gradient ``dy`` (same shape)."""
+    """dx from the saved output ``y`` and the incoming gradient ``dy`` (same shape); dx contiguous
+    (written as [M, N] rows of stride N)."""
     n = y.shape[-1] if y.dim() else 1
     dx = _common.empty(y.shape, y.dtype, y.device)
-    if y.numel() == 0:
+    numel = y.numel()
+    if numel == 0:
         return dx
-    y2, dy2, dx2 = _common.as_rows(y, n), _common.as_rows(dy, n), dx.view(-1, n)
-    m = y2.shape[0]
+    (y2, stride_y), (dy2, stride_dy), m = _common.row_view(y, n), _common.row_view(dy, n), numel // n
     if n <= _common.MAX_FUSED:
-        block_m, block_n, warps = _common.row_tile(m, n, tile=BWD_TILE, per_thread=BWD_PER_THREAD)
-        _common.launch(_softmax_bwd_kernel, (_common.tile_grid(m, block_m, warps, y.device),))(
-            y2, dy2, dx2, y2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
-            LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps,
-        )
-    elif (not log or TEAM_BACKWARD_LOG) and (
+        grid, keywords = _one_pass_launch(m, n, log, BWD_TILE or _common.ROW_TILE,
+                                          BWD_PER_THREAD or _common.ROW_PER_THREAD)
+        _common.launch(_softmax_bwd_kernel, grid)(y2, dy2, dx, stride_y, stride_dy, n, m, n, **keywords)
+        return dx
+    if (not log or TEAM_BACKWARD_LOG) and (
             p := teams.plan(m, n, y.device, teams.BWD_CHUNK, teams.BWD_WARPS, teams.BWD_PER_SM)) is not None:
         _common.launch(_softmax_bwd_team_kernel, p.grid)(
-            y2, dy2, dx2, *teams.buffers(y.device, p), y2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
+            y2, dy2, dx, *teams.buffers(y.device, p), stride_y, stride_dy, n, m, n,
             LOG=log, CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, num_warps=p.warps, maxnreg=p.maxnreg,
         )
     else:
         block_n, warps = _common.chunk_config(max(y.element_size(), dy.element_size()))
         grid = _common.persistent_grid(m, n * (y.element_size() + dy.element_size()), y.device)
         _common.launch(_softmax_bwd_looped_kernel, (grid,))(
-            y2, dy2, dx2, y2.stride(0), dy2.stride(0), dx2.stride(0), m, n,
+            y2, dy2, dx, stride_y, stride_dy, n, m, n,
             LOG=log, BLOCK_N=block_n, num_warps=warps,
         )
     return dx

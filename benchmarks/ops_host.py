@@ -1,0 +1,341 @@
+#!/usr/bin/env python
+"""Host time of each kernelab op call next to eager PyTorch's: on the CPU with the GPU launches
+stubbed, or on a CUDA GPU's host with real launches.
+
+    python3 benchmarks/ops_host.py [--ops layer_norm softmax ...] [--out results/host_cpu_DATE.txt]
+                                   [--steps 300] [--repeats 15] [--profile OP]     (no GPU: stubbed)
+    python3 benchmarks/ops_host.py OUT_DIR [--budget-s 150]                        (CUDA GPU)
+
+What one forward (no_grad) or forward + ``torch.autograd.grad`` call costs the host (the calling
+thread's CPU time, ``time.thread_time``, so that time spent descheduled on a shared machine does
+not count), on small inputs (8 rows of 64; 128 classes; a 64 x 64 or 128 x 64 weight), float32.
+
+* **No GPU** (the default without CUDA, or ``--stub``): kernelab runs its Python, autograd,
+  allocations and its launch path (``kernelab.launch.Launcher``: specialization key, bound-binary
+  lookup, argument list) for real, with only the driver's launch replaced by a no-op and CPU
+  tensors taken for CUDA device 0 (:func:`stub_launches`). Eager: the ``torch.nn.functional`` call
+  on the same CPU tensors (dispatch, autograd and allocations in C++, plus CPU kernels of a few
+  hundred elements). Neither side pays the driver's launch (cuLaunchKernel, a few us each on a
+  GPU host), so this compares the Python and C++ work around the launches. Eager's CPU rms_norm is
+  a composite of several ops where CUDA's is one kernel: its figure overstates eager's GPU host
+  cost. CPU figures are for relative comparisons only.
+* **CUDA GPU** (``OUT_DIR`` given): real launches on CUDA tensors of the same shapes; providers
+  eager, kernelab, and kernelab with every launch through Triton's ordinary path (launchers that
+  never bind: what direct launches save). First a check: kernelab's outputs and gradients with
+  direct launches equal those through Triton's path bit for bit, and eager's within a float32
+  tolerance. Writes OUT_DIR/ops_host.csv (GPU, versions and date in every row); stops starting
+  ops past ``--budget-s`` (and says so); the table last.
+
+The issue's target (12, part 2): kernelab's host time per call must not exceed eager's. Medians of
+``--repeats`` rounds of ``--steps`` calls, the rounds of all providers interleaved so that a busy
+machine slows them alike; "x eager" is the median of each round's ratio to eager's round beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+OPS = ("layer_norm", "rms_norm", "softmax", "cross_entropy", "silu_mul", "linear", "linear_cross_entropy")
+
+
+class _Binary:
+    """A compiled kernel whose launch does nothing (what ``Launcher`` binds to)."""
+
+    function = packed_metadata = None
+
+    def run(self, *args):
+        return None
+
+    def _init_handles(self):
+        return None
+
+
+def stub_launches() -> None:
+    """Launch through ``kernelab.launch.Launcher`` as on a GPU, minus the driver call: CPU tensors
+    are treated as CUDA device 0, the binary is a no-op. The cross-entropy ops' check of class
+    targets in CPU memory (skipped for CUDA tensors, where it would cost a sync) is skipped too."""
+    import importlib
+
+    from kernelab import launch
+    from kernelab.ops import _common
+
+    _common.use_triton = lambda t: t.dtype in _common.FLOAT_DTYPES
+    launch._cuda_index = lambda args: 0
+    launch._current_device = lambda: 0
+    launch._stream_function = lambda: lambda device: 0
+    launch._triton_supported = lambda: True
+    launch.Launcher._triton = lambda self, *args, **kwargs: _Binary()
+    for name in ("cross_entropy", "linear_cross_entropy"):  # the modules (the package exports functions)
+        importlib.import_module(f"kernelab.ops.{name}").check_targets_on_host = lambda *a: None
+
+
+@contextlib.contextmanager
+def triton_path():
+    """kernelab's launches through Triton's ordinary path: launchers of their own that never bind."""
+    from kernelab import launch
+    from kernelab.ops import _common
+
+    held = (_common._LAUNCHERS, launch.enabled)
+    _common._LAUNCHERS, launch.enabled = _TRITON_PATH_LAUNCHERS, lambda: False
+    try:
+        yield
+    finally:
+        _common._LAUNCHERS, launch.enabled = held
+
+
+_TRITON_PATH_LAUNCHERS: dict = {}
+
+
+def cases(ops, device: str = "cpu") -> dict:
+    """op -> (inputs, indices of the inputs that require grad, {provider: fn(*inputs)})."""
+    import torch
+    import torch.nn.functional as F
+
+    import kernelab.ops as K
+
+    def t(*shape, grad=True):
+        return torch.randn(*shape, device=device, requires_grad=grad)
+
+    x, w, b = t(8, 64), t(64), t(64)
+    logits, target = t(8, 128), torch.randint(0, 128, (8,), device=device)
+    head = t(128, 64)
+    table = {
+        "layer_norm": ((x, w, b), (0, 1, 2), lambda m: lambda x, w, b: m.layer_norm(x, (64,), w, b, 1e-5)),
+        "rms_norm": ((x, w), (0, 1), lambda m: lambda x, w: m.rms_norm(x, (64,), w, 1e-6)),
+        "softmax": ((x,), (0,), lambda m: lambda x: m.softmax(x, -1)),
+        "cross_entropy": ((logits, target), (0,), lambda m: lambda x, t: m.cross_entropy(x, t)),
+        "silu_mul": ((x, t(8, 64)), (0, 1), None),
+        "linear": ((x, t(64, 64), b), (0, 1, 2), lambda m: lambda x, w, b: m.linear(x, w, b)),
+        "linear_cross_entropy": ((x, head, target), (0, 1), None),
+    }
+    eager_only = {
+        "silu_mul": lambda g, u: F.silu(g) * u,
+        "linear_cross_entropy": lambda h, w, t: F.cross_entropy(F.linear(h, w).float(), t),
+    }
+    kernelab_only = {"silu_mul": K.silu_mul, "linear_cross_entropy": K.linear_cross_entropy}
+    out = {}
+    for op in ops:
+        inputs, grad_of, of = table[op]
+        fns = {"eager": of(F), "kernelab": of(K)} if of else {"eager": eager_only[op], "kernelab": kernelab_only[op]}
+        out[op] = (inputs, grad_of, fns)
+    return out
+
+
+def steps(inputs, grad_of, fn, g=None) -> tuple:
+    """(forward under no_grad, forward + autograd.grad of the grad-requiring inputs against the
+    output gradient ``g``: random by default)."""
+    import torch
+
+    wanted = [inputs[i] for i in grad_of]
+    if g is None:
+        with torch.no_grad():
+            out = fn(*inputs)
+            g = torch.randn(out.shape, device=out.device)
+
+    def fwd():
+        with torch.no_grad():
+            return fn(*inputs)
+
+    def fwd_bwd():
+        return torch.autograd.grad(fn(*inputs), wanted, g)
+
+    return fwd, fwd_bwd
+
+
+def on_triton_path(fn):
+    """``fn`` with kernelab's launches through Triton's ordinary path (see :func:`triton_path`)."""
+    def call(*args):
+        with triton_path():
+            return fn(*args)
+    return call
+
+
+def measure(calls: dict, n: int, repeats: int, sync=None) -> dict:
+    """name -> per-round microseconds per call of the calling thread's CPU time: rounds of ``n``
+    calls, the rounds of all calls interleaved (``sync`` before each round: the GPU idle)."""
+    for fn in calls.values():
+        for _ in range(20):
+            fn()
+    times = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            if sync:
+                sync()
+            start = time.thread_time()
+            for _ in range(n):
+                fn()
+            times[name].append((time.thread_time() - start) / n * 1e6)
+    return times
+
+
+def machine() -> str:
+    """One line: CPU model, cores, Python, torch, triton, commit, date."""
+    import torch
+    import triton
+
+    model = platform.processor() or "?"
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, check=False).stdout.strip() or "?"
+    except OSError:
+        commit = "?"
+    return (f"{model}, {os.cpu_count()} cores, torch threads 1; Python {platform.python_version()}, torch "
+            f"{torch.__version__}, triton {triton.__version__}; commit {commit}; {datetime.date.today()}")
+
+
+def run_op(op: str, fns: dict, inputs, grad_of, n: int, repeats: int, sync=None) -> list[tuple]:
+    """Rows (op, pass, provider, us, us / eager): medians over rounds, the ratio the median of each
+    round's ratio to eager's round beside it."""
+    rows = []
+    pairs = {name: steps(inputs, grad_of, fn) for name, fn in fns.items()}
+    calls = {(name, kind): pair[i] for name, pair in pairs.items() for i, kind in enumerate(("fwd", "fwd+bwd"))}
+    got = measure(calls, n, repeats, sync)
+    for kind in ("fwd", "fwd+bwd"):
+        eager = got[("eager", kind)]
+        for name in pairs:
+            mine = got[(name, kind)]
+            rows.append((op, kind, name, statistics.median(mine), statistics.median(a / b for a, b in zip(mine, eager))))
+    return rows
+
+
+def render(rows, n: int, repeats: int, where: str) -> str:
+    lines = [f"host us per call (thread CPU time), {where}; median of {repeats} rounds x {n} calls",
+             f"{'op':22s} {'pass':8s} {'provider':28s} {'us':>8s} {'x eager':>8s}"]
+    lines += [f"{op:22s} {kind:8s} {name:28s} {us:8.1f} {ratio:8.2f}" for op, kind, name, us, ratio in rows]
+    return "\n".join(lines)
+
+
+def profile(op: str, n: int) -> None:
+    """cProfile of kernelab's forward + backward of ``op``, top functions by own time."""
+    import cProfile
+    import pstats
+
+    inputs, grad_of, fns = cases([op])[op]
+    fwd_bwd = steps(inputs, grad_of, fns["kernelab"])[1]
+    for _ in range(100):
+        fwd_bwd()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        fwd_bwd()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
+
+
+# --------------------------------------------------------------------------- on a CUDA GPU
+def check(op: str, inputs, grad_of, fns) -> str:
+    """"ok", or what differs: kernelab with direct launches against Triton's path (bit for bit),
+    and against eager (float32 tolerance)."""
+    import torch
+
+    with torch.no_grad():
+        out = fns["eager"](*inputs)
+        g = torch.randn(out.shape, device=out.device, dtype=out.dtype)
+
+    def outputs(fn):
+        with torch.no_grad():
+            out = fn(*inputs)
+        return [out, *steps(inputs, grad_of, fn, g)[1]()]
+
+    outputs(fns["kernelab"])  # binds
+    direct, ordinary, eager = outputs(fns["kernelab"]), outputs(on_triton_path(fns["kernelab"])), outputs(fns["eager"])
+    for i, (d, o, e) in enumerate(zip(direct, ordinary, eager)):
+        if not torch.equal(d, o):
+            return f"output {i}: direct launch != Triton's path"
+        if not torch.allclose(d.float(), e.float(), rtol=1e-3, atol=1e-3):
+            return f"output {i}: kernelab != eager (max |diff| {(d.float() - e.float()).abs().max().item():.3g})"
+    return "ok"
+
+
+def gpu_main(args) -> int:
+    import torch
+    import triton
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if args.smoke else "cuda"
+    gpu = "CPU smoke run (TRITON_INTERPRET=1)" if args.smoke else torch.cuda.get_device_name()
+    sync = None if args.smoke else torch.cuda.synchronize
+    date = datetime.datetime.now().isoformat(timespec="seconds")
+    deadline = time.monotonic() + args.budget_s
+    rows, skipped, checks = [], [], {}
+    for op, (inputs, grad_of, fns) in cases(args.ops, device).items():
+        if time.monotonic() > deadline:
+            skipped.append(op)
+            continue
+        fns["kernelab (Triton path)"] = on_triton_path(fns["kernelab"])
+        checks[op] = check(op, inputs, grad_of, fns)
+        if checks[op] != "ok":
+            continue
+        rows += run_op(op, fns, inputs, grad_of, args.steps, args.repeats, sync)
+    header = "op,pass,provider,host_us,x_eager,gpu,torch,triton,date\n"
+    lines = [f"{op},{kind},{name},{us:.2f},{ratio:.3f},{gpu},{torch.__version__},{triton.__version__},{date}\n"
+             for op, kind, name, us, ratio in rows]
+    (out_dir / "ops_host.csv").write_text(header + "".join(lines))
+    print("checks: " + ", ".join(f"{op} {result}" for op, result in checks.items()))
+    if skipped:
+        print(f"budget of {args.budget_s:.0f} s spent: skipped {', '.join(skipped)}")
+    print(f"machine: {machine()}; {gpu}")
+    print(render(rows, args.steps, args.repeats, "real launches on " + gpu))
+    return 0 if all(result == "ok" for result in checks.values()) else 1
+
+
+def parser(ops=OPS) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out_dir", nargs="?", help="on a CUDA GPU: where ops_host.csv goes")
+    p.add_argument("--budget-s", type=float, default=150.0, help="GPU: start no op past this many seconds")
+    p.add_argument("--stub", action="store_true", help="stubbed launches on CPU tensors even where CUDA exists")
+    p.add_argument("--ops", nargs="+", default=list(ops), choices=OPS)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--out", type=Path, help="stubbed: also write the table (with the machine) to this file")
+    p.add_argument("--profile", choices=OPS, help="stubbed: cProfile kernelab's forward+backward of this op")
+    p.add_argument("--smoke", action="store_true",
+                   help="the GPU flow on CPU tensors under TRITON_INTERPRET=1 (checks the script, measures nothing)")
+    return p
+
+
+def main(args=None) -> int:
+    args = args or parser().parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # eager's CPU kernels of a few hundred elements: no thread pool to wake
+    torch.manual_seed(0)
+    if args.smoke:
+        args.steps, args.repeats = 2, 1
+        return gpu_main(args)
+    if torch.cuda.is_available() and not args.stub and args.out_dir:
+        return gpu_main(args)
+    stub_launches()
+    if args.profile:
+        profile(args.profile, args.steps * 5)
+        return 0
+    rows = []
+    for op, (inputs, grad_of, fns) in cases(args.ops).items():
+        rows += run_op(op, fns, inputs, grad_of, args.steps, args.repeats)
+    text = f"machine: {machine()}\n" + render(rows, args.steps, args.repeats, "launches stubbed (CPU)")
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
