@@ -34,7 +34,6 @@ machine slows them alike; "x eager" is the median of each round's ratio to eager
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import os
 import platform
@@ -81,21 +80,14 @@ def stub_launches() -> None:
         importlib.import_module(f"kernelab.ops.{name}").check_targets_on_host = lambda *a: None
 
 
-@contextlib.contextmanager
-def triton_path():
-    """kernelab's launches through Triton's ordinary path: launchers of their own that never bind."""
+def on_triton_path(fn):
+    """``fn`` with kernelab's launches through Triton's ordinary path (``launch.triton_path``)."""
     from kernelab import launch
-    from kernelab.ops import _common
 
-    held = (_common._LAUNCHERS, launch.enabled)
-    _common._LAUNCHERS, launch.enabled = _TRITON_PATH_LAUNCHERS, lambda: False
-    try:
-        yield
-    finally:
-        _common._LAUNCHERS, launch.enabled = held
-
-
-_TRITON_PATH_LAUNCHERS: dict = {}
+    def call(*args):
+        with launch.triton_path():
+            return fn(*args)
+    return call
 
 
 def cases(ops, device: str = "cpu") -> dict:
@@ -152,14 +144,6 @@ def steps(inputs, grad_of, fn, g=None) -> tuple:
         return torch.autograd.grad(fn(*inputs), wanted, g)
 
     return fwd, fwd_bwd
-
-
-def on_triton_path(fn):
-    """``fn`` with kernelab's launches through Triton's ordinary path (see :func:`triton_path`)."""
-    def call(*args):
-        with triton_path():
-            return fn(*args)
-    return call
 
 
 def measure(calls: dict, n: int, repeats: int, sync=None) -> dict:

@@ -23,6 +23,7 @@ launch does not match, arguments of other kinds.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -56,6 +57,21 @@ def enabled() -> bool:
     return os.environ.get("KERNELAB_DIRECT_LAUNCH", "1") != "0"
 
 
+_direct = True  # False inside triton_path()
+
+
+@contextlib.contextmanager
+def triton_path():
+    """Every :class:`Launcher` launch inside takes Triton's ordinary path, bound or not (tests and
+    benchmarks compare the two paths in one process)."""
+    global _direct
+    held, _direct = _direct, False
+    try:
+        yield
+    finally:
+        _direct = held
+
+
 @functools.lru_cache(maxsize=None)
 def _triton_supported() -> bool:
     import triton
@@ -64,8 +80,13 @@ def _triton_supported() -> bool:
 
 
 def _current_device() -> int:
-    """The device Triton launches on: the current CUDA device (not the tensors')."""
-    return torch.cuda.current_device()
+    """The device Triton launches on: the current CUDA device (not the tensors'). Asked only
+    where a launch has CUDA tensors, so CUDA is initialized: torch's C++ getter, without
+    ``torch.cuda.current_device``'s Python."""
+    return _get_device()
+
+
+_get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def _stream_function():
@@ -176,6 +197,16 @@ class _Bound:
         self.function, self.metadata = compiled.function, compiled.packed_metadata
 
 
+class _Slot:
+    """One set of keywords of a kernel: the :class:`_Site` of the latest pattern of arguments
+    launched with them (None until a launch binds)."""
+
+    __slots__ = ("site",)
+
+    def __init__(self):
+        self.site = None
+
+
 class Launcher:
     """``Launcher(kernel)(grid, *args, num_warps=w, **keywords)`` does what
     ``kernel[grid](*args, num_warps=w, **keywords)`` does.
@@ -185,62 +216,103 @@ class Launcher:
     ``num_stages``, ``num_ctas``, ``maxnreg``, ...; ``maxnreg=None`` means none). One site per
     keywords (and pattern of argument kinds), one binding per specialization key within it: the
     first launch of a key goes through Triton (compiling if needed) and binds its binary.
+    ``prepare(**keywords)`` hashes the keywords once, for callers that keep their launch settings.
     """
 
     def __init__(self, kernel, interpreted: bool):
         self.kernel = kernel
         self.interpreted = interpreted
-        self.sites: dict = {}  # keywords -> the _Site of the latest pattern launched with them
+        self.slots: dict = {}  # keywords (as a tuple of items) -> _Slot
         self.patterns: dict = {}  # (keywords, pattern) -> _Site
         self.runtime = None  # Triton's runtime knobs, once a launch bound
 
+    def prepare(self, **keywords) -> "Prepared":
+        """``prepare(**keywords)(grid, *args)`` does what ``self(grid, *args, **keywords)`` does."""
+        return Prepared(self, self._slot(tuple(keywords.items())), keywords)
+
     def __call__(self, grid, *args, **keywords):
         try:
-            site = self.sites[tuple(keywords.items())]
+            slot = self.slots[tuple(keywords.items())]
+        except (KeyError, TypeError):  # no launch with these keywords bound yet, or unhashable ones
+            return self._launch(grid, args, keywords)
+        return self._run(slot, grid, args, keywords)
+
+    def _run(self, slot: _Slot, grid, args: tuple, keywords: dict):
+        """The direct launch when the arguments' key has a binding on the current device and no
+        launch hook is set; else :meth:`_launch`."""
+        site = slot.site
+        try:
             bound = site.bound.get(site.key(*args))
             n = len(grid)  # a tuple (a callable grid takes Triton's path)
-        except (KeyError, AttributeError, TypeError, RuntimeError):
-            # no binding with these keywords yet, an argument of another kind, an unhashable
-            # keyword: Triton's path decides
+        except (AttributeError, TypeError, RuntimeError):  # nothing bound, an argument of another kind
             bound = None
-        if bound and bound.device == _current_device() and not self._hooked():
-            bound.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, bound.stream(bound.device),
-                      bound.function, bound.metadata, None, None, None, *args, *bound.tail)
-            return bound.compiled
-        return self._launch(grid, args, keywords)
+        if bound and _direct and bound.device == _current_device():
+            runtime = self.runtime
+            if not (hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook)):
+                return self._direct(bound, grid, n, args)
+        return self._launch(grid, args, keywords, slot)
+
+    @staticmethod
+    def _direct(bound: _Bound, grid, n: int, args: tuple):
+        """Call the bound binary's launcher as Triton does: grid padded to 3 dims, the current
+        stream, no launch metadata or hooks, every argument then the constexprs."""
+        bound.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, bound.stream(bound.device),
+                  bound.function, bound.metadata, None, None, None, *args, *bound.tail)
+        return bound.compiled
+
+    def _slot(self, name: tuple) -> _Slot:
+        slot = self.slots.get(name)
+        if slot is None:
+            slot = self.slots[name] = _Slot()
+        return slot
 
     def _hooked(self) -> bool:
         runtime = self.runtime
         return hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook)
 
-    def _launch(self, grid, args: tuple, keywords: dict):
-        """Triton's path (under the tensors' device), binding the binary where this launch allows."""
+    def _launch(self, grid, args: tuple, keywords: dict, slot: _Slot | None = None):
+        """Everything but the common direct launch: under the tensors' device; the binding of
+        another pattern of arguments (the slot then follows it); else Triton's path, binding its
+        binary where this launch allows."""
         index = None if self.interpreted else _cuda_index(args)
         if index is not None and index != _current_device():
             # Triton launches on the current device: make it the tensors' (a model on cuda:1
             # called while cuda:0 is current would otherwise launch on the wrong GPU)
             with _device_guard(index):
                 return self(grid, *args, **keywords)
+        site = self._site(args, keywords, slot) if index is not None else None
+        if site is None:
+            return self._triton(grid, args, keywords)
+        key = site.key(*args)
+        bound = site.bound.get(key)
+        if bound and _direct and isinstance(grid, (tuple, list)):
+            return self._direct(bound, grid, len(grid), args)
         compiled = self._triton(grid, args, keywords)
-        if index is None or not enabled() or not _triton_supported():
-            return compiled
+        if key not in site.bound:  # the first launch of this specialization: bind
+            site.bound[key] = self._bind(compiled, len(args), keywords, index)
+        return compiled
+
+    def _site(self, args: tuple, keywords: dict, slot: _Slot | None) -> _Site | None:
+        """The site of these keywords and the arguments' pattern (made the slot's), or None where
+        no launch may bind: direct launches off, another Triton, a launch hook, an argument of a
+        kind no key takes, an unhashable keyword."""
+        if not enabled() or not _triton_supported():
+            return None
         if self.runtime is None:
             self.runtime = _runtime_knobs()
         pattern = _pattern(args)
         if pattern is None or self._hooked():
-            return compiled
+            return None
         name = tuple(keywords.items())
         try:
             site = self.patterns.get((name, pattern))
-        except TypeError:  # an unhashable keyword value: every launch takes Triton's path
-            return compiled
+            slot = slot or self._slot(name)
+        except TypeError:  # an unhashable keyword value
+            return None
         if site is None:
             site = self.patterns[(name, pattern)] = _Site(pattern)
-        self.sites[name] = site
-        key = site.key(*args)
-        if key not in site.bound:
-            site.bound[key] = self._bind(compiled, len(args), keywords, index)
-        return compiled
+        slot.site = site
+        return site
 
     def _triton(self, grid, args, keywords: dict):
         """Triton's own path. maxnreg (a register cap for ptxas) is a compile option, which the
@@ -264,6 +336,18 @@ class Launcher:
             return _Bound(compiled, tuple(keywords[n] for n in rest), device, _stream_function())
         except Exception:  # noqa: BLE001 - another Triton: its ordinary path still works
             return False
+
+
+class Prepared:
+    """A launcher with one set of keywords (:meth:`Launcher.prepare`): ``prepared(grid, *args)``."""
+
+    __slots__ = ("launcher", "slot", "keywords")
+
+    def __init__(self, launcher: Launcher, slot: _Slot, keywords: dict):
+        self.launcher, self.slot, self.keywords = launcher, slot, keywords
+
+    def __call__(self, grid, *args):
+        return self.launcher._run(self.slot, grid, args, self.keywords)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -154,7 +154,7 @@ def test_tensors_on_another_device_launch_under_its_guard(cuda_free, monkeypatch
     assert entered == [1, 1] and current == [0]
     (run,) = kernel.binary.runs
     assert run[3] == "stream1"  # the stream of the tensors' device
-    assert all(bound.device == 1 for site in launcher.sites.values() for bound in site.bound.values())
+    assert all(bound.device == 1 for slot in launcher.slots.values() for bound in slot.site.bound.values())
 
 
 def test_cuda_index_of_cpu_tensors_is_none():
@@ -240,3 +240,96 @@ def test_static_launcher_switch_and_cpu_build(monkeypatch):
         assert L._static_launcher_class() is None
     finally:
         L._static_launcher_class.cache_clear()
+
+
+# ------------------------------------------------------------------ keys, options, prepared launches
+
+
+def test_compile_options_bind_and_stay_out_of_the_constexpr_tail(cuda_free):
+    """num_stages (every GEMM config passes it), num_ctas, maxnreg: keywords that name no parameter
+    are Triton's compile options; the launch binds all the same, and they are not passed as
+    arguments. maxnreg=None is dropped on Triton's path (Triton has no such value)."""
+    kernel = FakeKernel()
+    launcher = L.Launcher(kernel, interpreted=False)
+    args = _args()
+    for _ in range(2):
+        launcher((8,), *args, num_warps=4, num_stages=3, num_ctas=1, maxnreg=None, BLOCK=256, FLAG=True)
+    assert len(kernel.triton_calls) == 1
+    assert kernel.triton_calls[0][2] == dict(num_warps=4, num_stages=3, num_ctas=1, BLOCK=256, FLAG=True)
+    (run,) = kernel.binary.runs
+    assert run[9:] == (*args, 256, True)
+    launcher((8,), *args, num_warps=4, num_stages=4, num_ctas=1, maxnreg=None, BLOCK=256, FLAG=True)
+    assert len(kernel.triton_calls) == 2  # another stage count: another binary, Triton's path first
+
+
+def test_prepared_launch_is_the_keyword_launch(cuda_free):
+    kernel = FakeKernel()
+    launcher = L.Launcher(kernel, interpreted=False)
+    prepared = launcher.prepare(num_warps=4, BLOCK=256, FLAG=True)
+    prepared((8,), *_args())
+    prepared((8, 2), *_args())
+    launcher((8, 2, 3), *_args(), num_warps=4, BLOCK=256, FLAG=True)  # shares the binding
+    assert len(kernel.triton_calls) == 1
+    assert [run[:3] for run in kernel.binary.runs] == [(8, 2, 1), (8, 2, 3)]
+
+
+def test_triton_path_switch(cuda_free):
+    kernel = FakeKernel()
+    launcher = L.Launcher(kernel, interpreted=False)
+    for _ in range(2):
+        launcher((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    with L.triton_path():
+        launcher((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    assert len(kernel.triton_calls) == 2 and len(kernel.binary.runs) == 1
+    launcher((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    assert len(kernel.binary.runs) == 2
+
+
+def test_argument_kinds_change_the_pattern(cuda_free):
+    """None where a tensor was, a float where an int was, a bool where an int was: another pattern,
+    Triton's path first, then a binding of its own; arguments of kinds no key takes (a tuple)
+    always take Triton's path."""
+    kernel = FakeKernel()
+    launcher = L.Launcher(kernel, interpreted=False)
+    x, y, n, eps = _args()
+    variants = [(x, y, n, eps), (x, None, n, eps), (x, y, 4096.0, eps), (x, y, True, eps), (x, y, n, 1)]
+    for args in variants:
+        launcher((8,), *args, num_warps=4, BLOCK=256, FLAG=True)
+    assert len(kernel.triton_calls) == len(variants) and not kernel.binary.runs
+    for args in variants:
+        launcher((8,), *args, num_warps=4, BLOCK=256, FLAG=True)
+    assert len(kernel.triton_calls) == len(variants) and len(kernel.binary.runs) == len(variants)
+    for _ in range(2):
+        launcher((8,), x, (y, y), n, eps, num_warps=4, BLOCK=256, FLAG=True)
+    assert len(kernel.triton_calls) == len(variants) + 2
+
+
+INTS = [0, 1, 2, 15, 16, 17, 32, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, 2**32, 2**32 + 16, 2**63 - 16, 2**63,
+        2**63 + 16, -1, -16, -(2**31), -(2**31) - 1, -(2**31) - 16]
+
+
+def test_generated_key_separates_what_triton_specializes():
+    """Two ints with equal keys specialize alike (==1, divisible by 16, i32 / i64 / u64), and a
+    bool or a float never shares an int's key."""
+    key = L._key_function("TI")
+    x = torch.zeros(4)
+    keys = {v: key(x, v) for v in INTS}
+    for a in INTS:
+        for b in INTS:
+            if keys[a] == keys[b]:
+                assert L.specialization(a) == L.specialization(b), (a, b)
+    assert key(x, True) not in keys.values() and key(x, False) not in keys.values()
+    float_key = L._key_function("TF")
+    assert float_key(x, 1.0) == float_key(x, 16.5) != float_key(x, 16)
+    assert key(x, 16) != key(x[1:], 16)  # alignment
+    assert key(x, 16) != key(x.half(), 16)  # dtype
+
+
+def test_a_callable_grid_takes_the_triton_path(cuda_free):
+    kernel = FakeKernel()
+    launcher = L.Launcher(kernel, interpreted=False)
+    for _ in range(2):
+        launcher((8,), *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    grid = lambda meta: (8,)  # noqa: E731
+    launcher(grid, *_args(), num_warps=4, BLOCK=256, FLAG=True)
+    assert kernel.triton_calls[-1][0] is grid and len(kernel.binary.runs) == 1

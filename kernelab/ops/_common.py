@@ -158,10 +158,21 @@ def launch(kernel, grid):
     """``launch(kernel, grid)(*args, num_warps=w, **constexprs)``: ``kernel[grid](...)`` through
     ``kernelab.launch.Launcher`` (Triton's binding and specialization skipped while the arguments
     specialize as at the first launch; the interpreter and launch hooks take Triton's path)."""
+    return functools.partial(_launcher(kernel), grid)
+
+
+def prepared(kernel, **keywords):
+    """``prepared(kernel, **keywords)(grid, *args)``: ``launch(kernel, grid)(*args, **keywords)``
+    with the keywords (constexprs, warps, stages) hashed once, for launchers that cache their
+    launch settings per shape: keep the returned object with them (keyword values hashable)."""
+    return _launcher(kernel).prepare(**keywords)
+
+
+def _launcher(kernel) -> Launcher:
     launcher = _LAUNCHERS.get(id(kernel))  # by id: a JITFunction's hash is its source's cache key
     if launcher is None or launcher.kernel is not kernel:
         launcher = _LAUNCHERS[id(kernel)] = Launcher(kernel, INTERPRETED)
-    return functools.partial(launcher, grid)
+    return launcher
 
 
 # --------------------------------------------------------------------------- tensors
@@ -450,11 +461,16 @@ def sum_partials(a: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype):
     p, n = a.shape
     out_a = empty((n,), dtype, a.device)
     out_b = empty((n,), dtype, a.device) if b is not None else None
-    launch(_sum_partials_kernel, (cdiv(n, 64), 1 if b is None else 2))(
-        a, b if b is not None else a, out_a, out_b if out_b is not None else out_a, p, n,
-        BLOCK_P=32, BLOCK_N=64, num_warps=4,
+    _sum_partials_launch()(
+        (cdiv(n, 64), 1 if b is None else 2), a, b if b is not None else a, out_a, out_b if out_b is not None else out_a,
+        p, n,
     )
     return out_a, out_b
+
+
+@functools.lru_cache(maxsize=None)
+def _sum_partials_launch():
+    return prepared(_sum_partials_kernel, BLOCK_P=32, BLOCK_N=64, num_warps=4)
 
 
 @triton.jit

@@ -211,28 +211,31 @@ def _ce_forward(logits, target, weight, ignore_index: int, smoothing: float, red
     loss = _common.empty((m,), logits.dtype if none else torch.float32, device)
     if m and c:
         x, stride_x = _common.row_view(logits, c)
-        _common.launch(_ce_fwd_kernel, (m,))(
-            x, target, weight, _weight_sum(weight, smoothing), loss, lse, wt, stride_x, m, c, ignore_index, smoothing,
-            **_fwd_keywords(c, weight is not None, smoothing > 0, FWD_BLOCK_C),
+        _fwd_launch(c, weight is not None, smoothing > 0, FWD_BLOCK_C)(
+            (m,), x, target, weight, _weight_sum(weight, smoothing), loss, lse, wt, stride_x, m, c, ignore_index,
+            smoothing,
         )
     elif m:
         loss.fill_(float("nan")), lse.fill_(float("-inf")), wt.fill_(1.0)
     if none:
         return loss, lse, denom
     out = _common.empty((), logits.dtype, device)
-    _common.launch(_ce_reduce_kernel, (1,))(
-        loss, wt, out, denom, m, MEAN=reduction == "mean", BLOCK=REDUCE_BLOCK, num_warps=8,
-    )
+    _reduce_launch(reduction == "mean")((1,), loss, wt, out, denom, m)
     return out, lse, denom
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_keywords(c: int, has_weight: bool, smooth: bool, _block_override) -> dict:
-    """The row kernel's constexprs and warps for C classes (cached: host time per call; callers
-    only unpack it; FWD_BLOCK_C, the tuning override, is part of the key)."""
+def _fwd_launch(c: int, has_weight: bool, smooth: bool, _block_override):
+    """The row kernel prepared for C classes (cached: host time per call; FWD_BLOCK_C, the tuning
+    override, is part of the key)."""
     block_c = min(_common.next_pow2(c), _fwd_chunk(c))
-    return dict(HAS_WEIGHT=has_weight, SMOOTH=smooth, BLOCK_C=block_c, STAGES=_common.STAGES,
-                num_warps=_common.warps_for(block_c))
+    return _common.prepared(_ce_fwd_kernel, HAS_WEIGHT=has_weight, SMOOTH=smooth, BLOCK_C=block_c,
+                            STAGES=_common.STAGES, num_warps=_common.warps_for(block_c))
+
+
+@functools.lru_cache(maxsize=None)
+def _reduce_launch(mean: bool):
+    return _common.prepared(_ce_reduce_kernel, MEAN=mean, BLOCK=REDUCE_BLOCK, num_warps=8)
 
 
 def _ce_backward(grad, logits, target, weight, lse, denom, ignore_index: int, smoothing: float, reduction: str):
@@ -242,21 +245,21 @@ def _ce_backward(grad, logits, target, weight, lse, denom, ignore_index: int, sm
     if m == 0 or c == 0:
         return dx
     x, stride_x = _common.row_view(logits, c)
-    col_blocks, keywords = _bwd_launch(c, weight is not None, smoothing > 0, reduction == "mean", BWD_BLOCK_C)
-    _common.launch(_ce_bwd_kernel, (col_blocks * m,))(
-        x, target, weight, _weight_sum(weight, smoothing), lse, grad, denom, dx,
-        stride_x, grad.stride(0) if grad.dim() else 0, c, m, c, ignore_index, smoothing, **keywords,
+    col_blocks, launch = _bwd_launch(c, weight is not None, smoothing > 0, reduction == "mean", BWD_BLOCK_C)
+    launch(
+        (col_blocks * m,), x, target, weight, _weight_sum(weight, smoothing), lse, grad, denom, dx,
+        stride_x, grad.stride(0) if grad.dim() else 0, c, m, c, ignore_index, smoothing,
     )
     return dx
 
 
 @functools.lru_cache(maxsize=1024)
-def _bwd_launch(c: int, has_weight: bool, smooth: bool, mean: bool, block: int) -> tuple[int, dict]:
-    """(column blocks a row, constexprs and warps) of the backward kernel, ``block`` BWD_BLOCK_C
-    (cached: host time)."""
+def _bwd_launch(c: int, has_weight: bool, smooth: bool, mean: bool, block: int) -> tuple:
+    """(column blocks a row, the backward kernel prepared), ``block`` BWD_BLOCK_C (cached: host time)."""
     block_c = min(_common.next_pow2(c), block)
-    return _common.cdiv(c, block_c), dict(HAS_WEIGHT=has_weight, SMOOTH=smooth, MEAN=mean, BLOCK_C=block_c,
-                                           num_warps=_common.warps_for(block_c))
+    return _common.cdiv(c, block_c), _common.prepared(
+        _ce_bwd_kernel, HAS_WEIGHT=has_weight, SMOOTH=smooth, MEAN=mean, BLOCK_C=block_c,
+        num_warps=_common.warps_for(block_c))
 
 
 # --------------------------------------------------------------------------- custom ops and autograd

@@ -386,17 +386,29 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, b2: torch.Tensor | None = None, bi
         triton.set_allocator(_scratch)  # per launch: the allocator is a context variable (autograd's threads)
     tiles = _common.cdiv(m, config.block_m) * _common.cdiv(n, config.block_n)
     res = residual if residual is not None else y
-    _common.launch(_gemm_kernel, (min(tiles, _common.sm_count(a.device)),))(
+    launch = _gemm_launch(config, act, bias is not None, residual is not None, store_z, dual, use_tma, a_k_major,
+                          b_k_major, _precision(a.dtype), _common.needs_int64(a, b, res, y))
+    launch(
+        (min(tiles, _common.sm_count(a.device)),),
         a, b, b2 if dual else b, bias if bias is not None else y, res, y,
         z if z is not None else y, z2 if z2 is not None else y,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), res.stride(0), res.stride(1), y.stride(0),
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), res.stride(0), res.stride(1), n,  # y: contiguous
         m, n, k,
-        ACT=act, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, STORE_Z=store_z, DUAL=dual,
-        TMA=use_tma, A_K_MAJOR=a_k_major, B_K_MAJOR=b_k_major, PRECISION=_precision(a.dtype),
-        INT64=_common.needs_int64(a, b, res, y), SPLIT_EPILOGUE=config.block_n >= 128, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y, z, z2
+
+
+@functools.lru_cache(maxsize=1024)
+def _gemm_launch(config: GemmConfig, act: int, has_bias: bool, has_residual: bool, store_z: bool, dual: bool,
+                 tma: bool, a_k_major: bool, b_k_major: bool, precision: str, int64: bool):
+    """``_gemm_kernel`` prepared with these constexprs, the config's tiles, warps and stages (cached:
+    host time per call)."""
+    return _common.prepared(
+        _gemm_kernel, ACT=act, HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual, STORE_Z=store_z, DUAL=dual, TMA=tma,
+        A_K_MAJOR=a_k_major, B_K_MAJOR=b_k_major, PRECISION=precision, INT64=int64,
+        SPLIT_EPILOGUE=config.block_n >= 128, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
 
 
 def activation_backward(dy: torch.Tensor, z: torch.Tensor | None, act: int, has_bias: bool,
@@ -411,19 +423,28 @@ def activation_backward(dy: torch.Tensor, z: torch.Tensor | None, act: int, has_
     if m == 0 or n == 0 or not (computes or has_bias):
         db = torch.zeros((n,), dtype=dy.dtype, device=dy.device) if has_bias else None
         return dz, du, db
-    block_n = min(_common.next_pow2(n), 256)
-    block_m = max(1, 4096 // block_n)
-    col_blocks = _common.cdiv(n, block_n)
-    row_programs = max(1, min(_common.cdiv(m, block_m), 4 * _common.sm_count(dy.device) // col_blocks, 65535))
-    rows_per_program = _common.cdiv(_common.cdiv(m, row_programs), block_m) * block_m
-    grid = (col_blocks, _common.cdiv(m, rows_per_program))
-    partials = torch.empty((grid[1], n), dtype=torch.float32, device=dy.device) if has_bias else None
-    _common.launch(_activation_backward_kernel, grid)(
-        dy, z if z is not None else dy, u if dual else dy, dz, du if dual else dz,
+    grid, rows_per_program, launch = _activation_backward_launch(
+        m, n, _common.sm_count(dy.device), act, dual, has_bias, _common.needs_int64(dy, dz))
+    partials = _common.empty((grid[1], n), torch.float32, dy.device) if has_bias else None
+    launch(
+        grid, dy, z if z is not None else dy, u if dual else dy, dz, du if dual else dz,
         partials if has_bias else dz,
         dy.stride(0), dy.stride(1), m, n, rows_per_program,
-        ACT=act, DUAL=dual, HAS_BIAS=has_bias, BLOCK_M=block_m, BLOCK_N=block_n,
-        INT64=_common.needs_int64(dy, dz), num_warps=8,
     )
     db = _common.sum_partials(partials, None, dy.dtype)[0] if has_bias else None
     return dz, du, db
+
+
+@functools.lru_cache(maxsize=1024)
+def _activation_backward_launch(m: int, n: int, sms: int, act: int, dual: bool, has_bias: bool, int64: bool):
+    """(grid, rows per program, prepared launch) of ``_activation_backward_kernel`` for [m, n] on
+    ``sms`` SMs: 4096-element tiles, at most 4 programs an SM (cached: host time per call)."""
+    block_n = min(_common.next_pow2(n), 256)
+    block_m = max(1, 4096 // block_n)
+    col_blocks = _common.cdiv(n, block_n)
+    row_programs = max(1, min(_common.cdiv(m, block_m), 4 * sms // col_blocks, 65535))
+    rows_per_program = _common.cdiv(_common.cdiv(m, row_programs), block_m) * block_m
+    grid = (col_blocks, _common.cdiv(m, rows_per_program))
+    return grid, rows_per_program, _common.prepared(
+        _activation_backward_kernel, ACT=act, DUAL=dual, HAS_BIAS=has_bias, BLOCK_M=block_m, BLOCK_N=block_n,
+        INT64=int64, num_warps=8)

@@ -122,23 +122,20 @@ def _logits_into(out, hidden_c, weight, bias):
 def _launch_rows(logits, target, scale, denom, loss_rows, smoothing, ignore_index, scaled, mean, grad):
     """The fused kernel over one chunk of contiguous [R, V] logits (row stride V)."""
     r, v = logits.shape
-    _common.launch(_lce_kernel, (r,))(
-        logits, target, scale if scaled else denom, denom, loss_rows,
-        v, scale.stride(0) if scaled and scale.dim() else 0, r, v, ignore_index, smoothing,
-        **_row_keywords(r, v, _common.sm_count(logits.device), smoothing > 0, scaled, mean, grad,
-                        (BLOCK_C, FEW_ROWS_BLOCK_C, FEW_ROWS_PER_SM)),
-    )
+    launch = _rows_launch(r, v, _common.sm_count(logits.device), smoothing > 0, scaled, mean, grad,
+                          (BLOCK_C, FEW_ROWS_BLOCK_C, FEW_ROWS_PER_SM))
+    launch((r,), logits, target, scale if scaled else denom, denom, loss_rows,
+           v, scale.stride(0) if scaled and scale.dim() else 0, r, v, ignore_index, smoothing)
 
 
 @functools.lru_cache(maxsize=1024)
-def _row_keywords(r: int, v: int, sms: int, smooth: bool, scaled: bool, mean: bool, grad: bool, rule: tuple) -> dict:
-    """The fused kernel's constexprs and warps for chunks of R rows of V classes on ``sms`` SMs,
-    ``rule`` (BLOCK_C, FEW_ROWS_BLOCK_C, FEW_ROWS_PER_SM) as set (cached: host time per call;
-    callers only unpack it)."""
+def _rows_launch(r: int, v: int, sms: int, smooth: bool, scaled: bool, mean: bool, grad: bool, rule: tuple):
+    """The fused kernel prepared for chunks of R rows of V classes on ``sms`` SMs, ``rule``
+    (BLOCK_C, FEW_ROWS_BLOCK_C, FEW_ROWS_PER_SM) as set (cached: host time per call)."""
     block, few_block, few_per_sm = rule
     block_c = min(_common.next_pow2(v), few_block if r < few_per_sm * sms else block)
-    return dict(SMOOTH=smooth, SCALED=scaled, MEAN=mean, GRAD=grad, BLOCK_C=block_c, STAGES=_common.STAGES,
-                num_warps=_common.warps_for(block_c))
+    return _common.prepared(_lce_kernel, SMOOTH=smooth, SCALED=scaled, MEAN=mean, GRAD=grad, BLOCK_C=block_c,
+                            STAGES=_common.STAGES, num_warps=_common.warps_for(block_c))
 
 
 def _chunk_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ignore_index: int,

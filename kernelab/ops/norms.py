@@ -399,12 +399,12 @@ def _fwd_tile(m: int, n: int, rms: bool, config: NormConfig) -> tuple[int, int, 
 
 @functools.lru_cache(maxsize=1024)
 def _fwd_launch(m: int, n: int, rms: bool, has_w: bool, has_b: bool, config: Optional[NormConfig]) -> tuple:
-    """(grid, keywords) of the one-pass forward; ``config`` None for DEFAULT (cached per call shape:
-    a frozen dataclass hashes every field, DEFAULT's calls skip that)."""
+    """(grid, prepared launch) of the one-pass forward; ``config`` None for DEFAULT (cached per call
+    shape: a frozen dataclass hashes every field, DEFAULT's calls skip that)."""
     block_m, block_n, warps, maxnreg = _fwd_tile(m, n, rms, config or DEFAULT)
-    keywords = dict(RMS=rms, HAS_W=has_w, HAS_B=has_b, BLOCK_M=block_m, BLOCK_N=block_n,
-                    STAGES=_common.ONE_PASS_STAGES, num_warps=warps, maxnreg=maxnreg)
-    return (_common.cdiv(m, block_m),), keywords
+    launch = _common.prepared(_norm_fwd_kernel, RMS=rms, HAS_W=has_w, HAS_B=has_b, BLOCK_M=block_m, BLOCK_N=block_n,
+                              STAGES=_common.ONE_PASS_STAGES, num_warps=warps, maxnreg=maxnreg)
+    return (_common.cdiv(m, block_m),), launch
 
 
 def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, config: NormConfig = DEFAULT):
@@ -419,8 +419,8 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, 
     x2, stride_x = _common.row_view(x, n)
     w, b = weight, bias
     if n <= FWD_ONE_PASS_MAX:
-        grid, keywords = _fwd_launch(m, n, rms, w is not None, b is not None, None if config is DEFAULT else config)
-        _common.launch(_norm_fwd_kernel, grid)(x2, w, b, y, mean, rstd, stride_x, n, m, n, eps, **keywords)
+        grid, launch = _fwd_launch(m, n, rms, w is not None, b is not None, None if config is DEFAULT else config)
+        launch(grid, x2, w, b, y, mean, rstd, stride_x, n, m, n, eps)
         return y, mean, rstd
     if (p := teams.plan(m, n, x.device, FWD_TEAM_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM,
                           longer_than=FWD_ONE_PASS_MAX)) is not None:
@@ -467,7 +467,7 @@ class _BwdPlan(NamedTuple):
     """A backward launch: its tile, the kernel's constexprs and warps, and its grid."""
 
     tile: _BwdTile
-    kernel_args: dict  # constexprs and num_warps (only ever read)
+    launch: object  # _common.prepared: the constexprs and warps
     row_programs: int
     rows_per_program: int
     grid: tuple
@@ -514,10 +514,8 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
     if not atomic:  # [programs, N] float32 partial rows, summed by a second kernel
         sums = (*_partials(need_dw, need_db, plan.row_programs, n, x.device), None, None, None)
     # dx is contiguous: written as [M, N] rows of stride N (no view made)
-    _common.launch(_norm_bwd_kernel, plan.grid)(
-        x2, weight, dy2, mean, rstd, c, dx, *sums, stride_x, stride_dy, n, m, n, plan.rows_per_program,
-        **plan.kernel_args,
-    )
+    plan.launch(plan.grid, x2, weight, dy2, mean, rstd, c, dx, *sums, stride_x, stride_dy, n, m, n,
+                plan.rows_per_program)
     if atomic:
         return dx, dw, db
     return (dx, *_weight_grads(sums[0], sums[1], n, wdtype, x.device))
@@ -535,8 +533,8 @@ def _bwd_plan(key: tuple, config: NormConfig, pointers: tuple, strides: tuple) -
     args = (*pointers, *strides, n, m, n, _common.cdiv(m, 4 * _common.sm_count(device)))
     programs = _bwd_programs(tile, config, args, constexprs, device)
     row_programs, rows_per_program = _bwd_rows(m, tile.block_m, programs)
-    return _BwdPlan(tile, dict(constexprs, num_warps=tile.warps), row_programs, rows_per_program,
-                    (row_programs, tile.col_blocks))
+    return _BwdPlan(tile, _common.prepared(_norm_bwd_kernel, **constexprs, num_warps=tile.warps), row_programs,
+                    rows_per_program, (row_programs, tile.col_blocks))
 
 
 def _bwd_rows(m: int, block_m: int, programs: int) -> tuple[int, int]:

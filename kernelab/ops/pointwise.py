@@ -287,11 +287,20 @@ def _pointwise_forward(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Ten
     if m == 0 or n == 0:
         return y
     grid, rows_per_program, block_m, block_n, warps = _launch_config(m, n, None)
-    _common.launch(_pointwise_fwd_kernel, grid)(
-        a2, b2, y, sa[0], sa[1], sb[0], sb[1], n, m, n, rows_per_program,
-        ACT=act, MUL=mul, BLOCK_M=block_m, BLOCK_N=block_n, INT64=_common.needs_int64(a2, b2, y), num_warps=warps,
+    _prepared(_pointwise_fwd_kernel, act, mul, None, block_m, block_n, _common.needs_int64(a2, b2, y), warps)(
+        grid, a2, b2, y, sa[0], sa[1], sb[0], sb[1], n, m, n, rows_per_program,
     )
     return y
+
+
+@functools.lru_cache(maxsize=1024)
+def _prepared(kernel, act: int, mul: bool, db_mode: Optional[int], block_m: int, block_n: int, int64: bool,
+              warps: int):
+    """``kernel`` prepared with these constexprs (DB_MODE for the backward kernel only; cached:
+    host time per call)."""
+    modes = {} if db_mode is None else {"DB_MODE": db_mode}
+    return _common.prepared(kernel, ACT=act, MUL=mul, **modes, BLOCK_M=block_m, BLOCK_N=block_n, INT64=int64,
+                            num_warps=warps)
 
 
 def _pointwise_backward(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, kind: str, a_shape: list[int], b_shape: list[int]):
@@ -318,11 +327,9 @@ def _pointwise_backward(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, kind
         mode = DB_SAME.value
         grid, rows_per_program, block_m, block_n, warps = _launch_config(m, n, None)
         db2 = None
-    _common.launch(_pointwise_bwd_kernel, grid)(
-        dy2, a2, b2, da, db2, sdy[0], sdy[1], sa[0], sa[1], sb[0], sb[1], n, n if db2 is not None else 0,
+    _prepared(_pointwise_bwd_kernel, act, mul, mode, block_m, block_n, _common.needs_int64(dy2, a2, b2, da), warps)(
+        grid, dy2, a2, b2, da, db2, sdy[0], sdy[1], sa[0], sa[1], sb[0], sb[1], n, n if db2 is not None else 0,
         m, n, rows_per_program,
-        ACT=act, MUL=mul, DB_MODE=mode, BLOCK_M=block_m, BLOCK_N=block_n,
-        INT64=_common.needs_int64(dy2, a2, b2, da), num_warps=warps,
     )
     # gradients of broadcast operands: sum over the broadcast dims
     if mode == DB_ROWSUM.value:

@@ -273,12 +273,13 @@ def _softmax_bwd_team_kernel(
 
 # --------------------------------------------------------------------------- launchers
 @functools.lru_cache(maxsize=1024)
-def _one_pass_launch(m: int, n: int, log: bool, tile, per_thread) -> tuple:
-    """(grid, keywords) of the one-pass forward or backward kernel (cached per call shape; ``tile``
-    and ``per_thread`` are ``row_tile``'s overrides in force)."""
+def _one_pass_launch(kernel, m: int, n: int, log: bool, tile, per_thread) -> tuple:
+    """(grid, prepared launch) of the one-pass forward or backward ``kernel`` (cached per call
+    shape; ``tile`` and ``per_thread`` are ``row_tile``'s overrides in force)."""
     block_m, block_n, warps = _common.row_tile(m, n, tile=tile, per_thread=per_thread)
     grid = (_common.tile_grid(m, block_m, warps, None),)
-    return grid, dict(LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES, num_warps=warps)
+    return grid, _common.prepared(kernel, LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES,
+                                  num_warps=warps)
 
 
 def _softmax_forward(x: torch.Tensor, log: bool) -> torch.Tensor:
@@ -291,8 +292,8 @@ def _softmax_forward(x: torch.Tensor, log: bool) -> torch.Tensor:
         return y
     (x2, stride_x), m = _common.row_view(x, n), numel // n
     if n <= _common.MAX_FUSED:
-        grid, keywords = _one_pass_launch(m, n, log, _common.ROW_TILE, _common.ROW_PER_THREAD)
-        _common.launch(_softmax_fwd_kernel, grid)(x2, y, stride_x, n, m, n, **keywords)
+        grid, launch = _one_pass_launch(_softmax_fwd_kernel, m, n, log, _common.ROW_TILE, _common.ROW_PER_THREAD)
+        launch(grid, x2, y, stride_x, n, m, n)
         return y
     if (p := teams.plan(m, n, x.device, teams.FWD_CHUNK, teams.FWD_WARPS, teams.FWD_PER_SM)) is not None:
         _common.launch(_softmax_fwd_team_kernel, p.grid)(
@@ -319,9 +320,9 @@ def _softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool) -> torch.Ten
         return dx
     (y2, stride_y), (dy2, stride_dy), m = _common.row_view(y, n), _common.row_view(dy, n), numel // n
     if n <= _common.MAX_FUSED:
-        grid, keywords = _one_pass_launch(m, n, log, BWD_TILE or _common.ROW_TILE,
-                                          BWD_PER_THREAD or _common.ROW_PER_THREAD)
-        _common.launch(_softmax_bwd_kernel, grid)(y2, dy2, dx, stride_y, stride_dy, n, m, n, **keywords)
+        grid, launch = _one_pass_launch(_softmax_bwd_kernel, m, n, log, BWD_TILE or _common.ROW_TILE,
+                                        BWD_PER_THREAD or _common.ROW_PER_THREAD)
+        launch(grid, y2, dy2, dx, stride_y, stride_dy, n, m, n)
         return dx
     if (not log or TEAM_BACKWARD_LOG) and (
             p := teams.plan(m, n, y.device, teams.BWD_CHUNK, teams.BWD_WARPS, teams.BWD_PER_SM)) is not None:

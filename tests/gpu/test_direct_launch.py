@@ -72,8 +72,7 @@ def _step(fn, inputs, grad_of):
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """Fresh launchers (nothing bound yet), and a record of the launches that took Triton's path."""
-    monkeypatch.setattr(_common, "_LAUNCHERS", {})
+    """A record of the launches that took Triton's path (direct launches on)."""
     monkeypatch.delenv("KERNELAB_DIRECT_LAUNCH", raising=False)
     ordinary = []
     triton_path = launch.Launcher._launch
@@ -86,11 +85,9 @@ def fresh(monkeypatch):
     return ordinary
 
 
-def _ordinary_path(fn, inputs, grad_of, monkeypatch):
-    """The same step with direct launches off (fresh launchers never bind)."""
-    with monkeypatch.context() as patch:
-        patch.setattr(_common, "_LAUNCHERS", {})
-        patch.setenv("KERNELAB_DIRECT_LAUNCH", "0")
+def _ordinary_path(fn, inputs, grad_of):
+    """The same step with every launch through Triton's ordinary path."""
+    with launch.triton_path():
         return _step(fn, inputs, grad_of)
 
 
@@ -103,7 +100,7 @@ def _same(direct, ordinary, what):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", OPS)
-def test_direct_launch_matches_triton_path(name, dtype, shape, fresh, monkeypatch):
+def test_direct_launch_matches_triton_path(name, dtype, shape, fresh):
     if name in ("linear", "swiglu_linear", "linear_cross_entropy") and shape[1] > 8192:
         pytest.skip("GEMMs: the row shapes suffice")
     fn, inputs, grad_of = _case(name, dtype, *shape)
@@ -112,7 +109,7 @@ def test_direct_launch_matches_triton_path(name, dtype, shape, fresh, monkeypatc
     direct = _step(fn, inputs, grad_of)
     torch.cuda.synchronize()
     assert fresh == [], f"{name}: these launches took Triton's path on the second step: {fresh}"
-    _same(direct, _ordinary_path(fn, inputs, grad_of, monkeypatch), f"{name} {dtype} {shape}")
+    _same(direct, _ordinary_path(fn, inputs, grad_of), f"{name} {dtype} {shape}")
 
 
 def test_gemm_binds_with_num_stages(fresh):
@@ -122,12 +119,12 @@ def test_gemm_binds_with_num_stages(fresh):
     for _ in range(2):
         _step(fn, inputs, grad_of)
     launcher = _common._LAUNCHERS[id(gemm._gemm_kernel)]
-    bound = [(dict(name), b) for name, site in launcher.sites.items() for b in site.bound.values()]
+    bound = [(dict(name), b) for name, slot in launcher.slots.items() if slot.site for b in slot.site.bound.values()]
     assert bound and all("num_stages" in keywords and b for keywords, b in bound)
 
 
 @pytest.mark.parametrize("name", ["layer_norm", "softmax", "silu_mul", "cross_entropy"])
-def test_misaligned_inputs_bind_their_own_binary(name, fresh, monkeypatch):
+def test_misaligned_inputs_bind_their_own_binary(name, fresh):
     """An input 4 bytes past a 16-byte boundary specializes differently: its own binding, the same
     values as Triton's path."""
     fn, inputs, grad_of = _case(name, torch.float32, 64, 768)
@@ -139,10 +136,10 @@ def test_misaligned_inputs_bind_their_own_binary(name, fresh, monkeypatch):
     fresh.clear()
     direct = _step(fn, shifted, grad_of)
     assert fresh == []
-    _same(direct, _ordinary_path(fn, shifted, grad_of, monkeypatch), f"{name} misaligned")
+    _same(direct, _ordinary_path(fn, shifted, grad_of), f"{name} misaligned")
 
 
-def test_side_stream(fresh, monkeypatch):
+def test_side_stream(fresh):
     """Direct launches go to the current stream: a step on a side stream, waited for, gives the
     default stream's values."""
     fn, inputs, grad_of = _case("layer_norm", torch.bfloat16, 64, 768)
