@@ -126,9 +126,12 @@ class Call:
     col_blocks: int = 0  # a column reduction's column blocks: one arrival counter each
     counters: dict = field(default_factory=dict)  # stream -> int32 counters, zeroed once, reset by the kernel
     empty: object = None  # (size, stride, dtype) -> uninitialized tensor on ``device``: see _allocator
+    narrow: tuple = ()  # (output index, columns): padded outputs, allocated whole, viewed to their columns
 
     def __post_init__(self):
         self.empty = _allocator(self.device)
+        self.narrow = tuple((i, cols) for i, (size, _, _, cols) in enumerate(self.outs) if cols is not None)
+        self.outs = [spec[:3] for spec in self.outs]
 
     def scratch(self) -> tuple:
         """The column template's (workspace, counters) arguments; nothing for other kernels.
@@ -167,6 +170,18 @@ def _allocator(device: torch.device):
     def empty(size, stride, dtype):
         return torch.empty_strided(size, stride, dtype=dtype, device=device)
     return empty
+
+
+def _out_spec(o: torch.Tensor) -> tuple:
+    """(size, stride, dtype, columns) to allocate an output laid out like the meta tensor ``o``.
+    Rows padded by ``layout.py`` (row stride above the row length) are allocated whole, padding
+    included, so that a product may read the padded rows as a full matrix; ``columns`` is then
+    the row length the output is viewed to (None otherwise)."""
+    if o.dim() >= 2 and o.stride(-1) == 1 and o.stride(-2) > o.shape[-1] > 0:
+        full = (*o.shape[:-1], o.stride(-2))
+        if list(o.stride()) == layout.padded_strides(full, o.stride(-2)):
+            return full, o.stride(), o.dtype, o.shape[-1]
+    return tuple(o.shape), o.stride(), o.dtype, None
 
 
 def _no_direct(call: Call, why: str) -> None:
@@ -298,6 +313,8 @@ class GroupRunner:
             return self.reference(raw, scalars)
         empty = call.empty
         outs = [empty(size, stride, dtype) for size, stride, dtype in call.outs]
+        for i, cols in call.narrow:
+            outs[i] = outs[i][..., :cols]
         ins = [t.to(call.device) if i in call.move else t for i, t in enumerate(raw)] if call.move else raw
         args = (*ins, *outs, *call.scratch(), *call.tail, *scalars) if call.col_blocks else (*ins, *outs, *call.tail, *scalars)
         if call.direct is not None and call.direct.launch(args, (*ins, *scalars)):
@@ -391,7 +408,7 @@ class GroupRunner:
         tail = [s for st in strides for s in st] + list(sizes) + [numel]
         return Call(self.kernel(launch.rank, True), ((numel + block - 1) // block,), tail,
                      {"BLOCK": block, "INT64": launch.int64, "num_warps": launch.num_warps},
-                     [(tuple(o.shape), o.stride(), o.dtype) for o in outs], device)
+                     [_out_spec(o) for o in outs], device)
 
     def pointwise_launch(self, sizes, strides, numel) -> Launch:
         # 16 elements per thread keeps enough bytes in flight; interpreted, bigger blocks are faster
@@ -419,7 +436,7 @@ class GroupRunner:
         meta = {"XBLOCK": xblock, "RBLOCK": launch.block["RBLOCK"], "INT64": launch.int64,
                 "num_warps": launch.num_warps}
         return Call(self.kernel(launch.rank, launch.persistent), ((rows + xblock - 1) // xblock,), tail, meta,
-                     [(tuple(o.shape), o.stride(), o.dtype) for o in outs], device)
+                     [_out_spec(o) for o in outs], device)
 
     def out_row(self, shape) -> int:
         """The row stride of the full-size outputs: the row length, or the padded stride when
@@ -485,7 +502,7 @@ class GroupRunner:
                 "num_warps": launch.num_warps}
         col_blocks = (n_cols + cblock - 1) // cblock
         call = Call(self.kernel(len(sizes), True), (col_blocks, splits), tail, meta,
-                     [(tuple(o.shape), o.stride(), o.dtype) for o in outs], device)
+                     [_out_spec(o) for o in outs], device)
         n_red = sum(1 for n in g.nodes if fusion.is_reduction(n))
         call.workspace = n_red * splits * n_cols if splits > 1 else 0
         call.col_blocks = col_blocks

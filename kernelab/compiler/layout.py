@@ -31,7 +31,7 @@ import torch.fx as fx
 from . import fusion
 
 __all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "PAD_N", "MATMULS", "padded_cols", "pads_columns", "Padding", "plan",
-           "PaddedProduct", "traced_layout", "enabled"]
+           "PaddedProduct", "WidenedProduct", "traced_layout", "enabled"]
 
 #: Rows shorter than this stay unpadded (Inductor's ``padding_stride_threshold``): the padding's
 #: memory and the broken-up contiguous spans cost more than an unaligned product loses there.
@@ -90,6 +90,7 @@ class Padding:
 
     rows: dict  # fx.Node -> padded row stride (elements)
     restore: set  # returned nodes whose value may come out padded: copied into the traced layout
+    widen: dict = None  # fx.Node (an ATen mm reading a padded value) -> the padded row stride
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -102,6 +103,8 @@ class Padding:
             how = "a product writes" if fusion.target_name(node) in MATMULS else "a product reads"
             lines.append(f"{node.name}: rows of {cols} padded to {stride} ({how} it; 16-byte aligned for cuBLAS)")
         lines += [f"{node.name}: returned, copied back into its unpadded layout" for node in self.restore]
+        lines += [f"{node.name}: a product reading padded rows, run on the whole padded matrix"
+                  for node in (self.widen or {})]
         return lines
 
 
@@ -118,7 +121,24 @@ def plan(gm: fx.GraphModule, part, returned: set) -> Padding:
         by_kernel = group is not None and _padding_kernel(group, node) and _read_by_matmul(node)
         if (by_matmul or by_kernel) and _views_hold(node, stride):
             rows[node] = stride
-    return Padding(rows, {n for n in returned if _reaches(n, rows)})
+    widen = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.mm.default and node not in rows:
+            source = _padded_source(node.args[0], rows)
+            if source is not None:
+                widen[node] = rows[source]
+    return Padding(rows, {n for n in returned if _reaches(n, rows)}, widen)
+
+
+def _padded_source(node, rows: dict):
+    """The padded value ``node`` is (or is a view of), else None."""
+    while isinstance(node, fx.Node):
+        if node in rows:
+            return node
+        if fusion.target_name(node) not in _VIEWS or not node.args:
+            return None
+        node = node.args[0]
+    return None
 
 
 def _candidate(node: fx.Node) -> int | None:
@@ -177,13 +197,7 @@ def _replay(node: fx.Node, value: torch.Tensor) -> bool:
 
 def _reaches(node, rows: dict) -> bool:
     """Whether ``node`` is a padded value or a view (of a view ...) of one."""
-    while isinstance(node, fx.Node):
-        if node in rows:
-            return True
-        if fusion.target_name(node) not in _VIEWS or not node.args:
-            return False
-        node = node.args[0]
-    return False
+    return _padded_source(node, rows) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,6 +243,8 @@ def _widened(t: torch.Tensor, n_pad: int) -> torch.Tensor:
     """``t`` (..., N) copied into the first N of ``n_pad`` columns, keeping whether its last two
     dims are stored row-major or transposed (a weight's ``.t()``)."""
     shape = [*t.shape[:-1], n_pad]
+    if _has_room(t, n_pad):  # padded rows already (a value laid out by this plan): read them whole
+        return t.as_strided(shape, t.stride())
     if t.dim() >= 2 and t.stride(-2) == 1 and t.stride(-1) != 1:  # column-major (K, N): allocate (N_pad, K)
         buf = torch.empty([*shape[:-2], n_pad, shape[-2]], dtype=t.dtype, device=t.device).transpose(-1, -2)
     else:
@@ -258,3 +274,45 @@ def traced_layout(value: torch.Tensor, node: fx.Node) -> torch.Tensor:
 def enabled() -> bool:
     """Padded rows around matrix products (``py``); ``KERNELAB_PAD=0`` turns them off."""
     return os.environ.get("KERNELAB_PAD", "1") != "0"
+
+
+def _has_room(t: torch.Tensor, n_pad: int) -> bool:
+    """Whether ``t`` (..., N) is row-major with rows ``n_pad`` apart and its storage holds the
+    padding of its last row too (a whole padded buffer, as this plan allocates them)."""
+    if t.dim() < 2 or t.stride(-1) != 1 or t.stride(-2) != n_pad or list(t.stride()) != padded_strides(t.shape, n_pad):
+        return False
+    rows = t.numel() // max(t.shape[-1], 1)
+    return t.untyped_storage().nbytes() >= (t.storage_offset() + rows * n_pad) * t.element_size()
+
+
+class WidenedProduct:
+    """``mm(a, b)`` where ``a`` is a padded value, or the transpose of one, whose padded dim makes
+    the product unaligned (``benchmarks/results/mm_alignment_h200.csv``: GPT-2's backward products
+    through the (tokens, 50257) gradient of the logits, 6.1 and 5.8 ms with the rows' stride padded
+    alone, 1.0 and 1.1 ms run on the whole padded matrix):
+
+    * ``a`` (M, N) with N the reduced dim: the padding columns are zeroed, ``b`` (N, K) gets as
+      many zero rows, and the product runs over the padded N;
+    * ``a`` = (N, M) transposed (N the output's rows): the padded rows' product is computed and its
+      first N rows returned (the padding rows are never read).
+
+    Anything else (the storage without the padding, another layout) runs the plain product."""
+
+    __slots__ = ("n_pad",)
+
+    def __init__(self, n_pad: int):
+        self.n_pad = n_pad
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        n_pad = self.n_pad
+        if a.dim() == 2 and a.shape[1] < n_pad and _has_room(a, n_pad):
+            full = a.as_strided((a.shape[0], n_pad), a.stride())
+            full[:, a.shape[1]:].zero_()
+            b_full = torch.empty((n_pad, b.shape[1]), dtype=b.dtype, device=b.device)
+            b_full[:b.shape[0]].copy_(b)
+            b_full[b.shape[0]:].zero_()
+            return torch.mm(full, b_full)
+        if a.dim() == 2 and a.shape[0] < n_pad and _has_room(a.t(), n_pad):
+            full = a.t().as_strided((a.shape[1], n_pad), a.t().stride()).t()
+            return torch.mm(full, b)[:a.shape[0]]
+        return torch.mm(a, b)

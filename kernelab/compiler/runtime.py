@@ -43,7 +43,7 @@ class GraphRunner:
     #: None: all of them
     visible_outputs: int | None = None
     #: values laid out with padded rows, and returned values copied back (``layout.py``)
-    padding: layout.Padding = field(default_factory=lambda: layout.Padding({}, set()))
+    padding: layout.Padding = field(default_factory=lambda: layout.Padding({}, set(), {}))
 
     @classmethod
     def build(cls, gm: fx.GraphModule, part, interpret: bool, visible_outputs: int | None = None) -> "GraphRunner":
@@ -52,7 +52,7 @@ class GraphRunner:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         attrs = {n: _fetch_attr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
         output = next(n for n in gm.graph.nodes if n.op == "output")
-        padding = layout.plan(gm, part, set(output.all_input_nodes)) if layout.enabled() else layout.Padding({}, set())
+        padding = layout.plan(gm, part, set(output.all_input_nodes)) if layout.enabled() else layout.Padding({}, set(), {})
         for g in part.groups:
             runners[id(g)].padded = {n: padding.rows[n] for n in g.outputs if n in padding.rows}
         return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0], attrs,
@@ -84,9 +84,10 @@ class GraphRunner:
     def target(self, node: fx.Node):
         """What runs an ATen node: its op, or a product writing into a padded buffer."""
         stride = self.padding.rows.get(node)
-        if stride is None:
-            return node.target
-        return layout.PaddedProduct(layout.MATMULS[fusion.target_name(node)], stride)
+        if stride is not None:
+            return layout.PaddedProduct(layout.MATMULS[fusion.target_name(node)], stride)
+        widen = (self.padding.widen or {}).get(node)
+        return node.target if widen is None else layout.WidenedProduct(widen)
 
     @property
     def group_runners(self):

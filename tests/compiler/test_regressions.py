@@ -291,19 +291,34 @@ def test_products_around_unaligned_rows_use_padded_strides(monkeypatch):
         plans.append(plan_of(*args).describe())
         return plan_of(*args)
 
+    widened = []
+    widen = layout.WidenedProduct.__call__
+
+    def widen_spy(self, a, b):
+        out = widen(self, a, b)
+        widened.append(tuple(out.shape))
+        return out
+
     monkeypatch.setattr(layout.PaddedProduct, "__call__", spy)
+    monkeypatch.setattr(layout.WidenedProduct, "__call__", widen_spy)
     monkeypatch.setattr(layout, "plan", plan_spy)
     hidden, weight = _r(48, 32, grad=True), _r(1031, 32, seed=1, grad=True)
     target = torch.randint(0, 1031, (48,), generator=torch.Generator().manual_seed(2))
-    (expected, ref_grad), (actual, grad) = _loss_and_grad(
-        lambda w, h: _lm_head_loss(h, w, target), weight, hidden)
-    assert_close(actual, expected, what="loss")
-    assert_close(grad, ref_grad, what="weight gradient")
+    results = []
+    for f in (_lm_head_loss, torch.compile(_lm_head_loss, backend="kernelab")):
+        hidden.grad = weight.grad = None
+        loss = f(hidden, weight, target)
+        loss.backward()
+        results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))
+    for e, a, what in zip(results[0], results[1], ("loss", "hidden gradient", "weight gradient")):
+        assert_close(a, e, what=what)
     assert layouts == [(1032, 1)]
+    assert sorted(widened) == [(48, 32), (1031, 32)]  # the two backward products, on padded rows
     forward, backward = plans
     assert "mm: rows of 1031 padded to 1032 (a product writes it; 16-byte aligned for cuBLAS)" in forward
     assert "mm: returned, copied back into its unpadded layout" in forward  # saved for the backward
     assert any("padded to 1032 (a product reads it" in line for line in backward)
+    assert sum("run on the whole padded matrix" in line for line in backward) == 2
     explained = klc.explain(lambda h, w: _lm_head_loss(h, w, target), hidden.detach(), weight.detach())
     assert any("rows of 1031 padded to 1032" in line for line in explained.graphs[0].padded)
 
