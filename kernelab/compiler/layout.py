@@ -31,7 +31,7 @@ import torch.fx as fx
 from . import fusion
 
 __all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "PAD_N", "MATMULS", "padded_cols", "pads_columns", "Padding", "plan",
-           "PaddedProduct", "WidenedProduct", "traced_layout", "enabled"]
+           "PaddedProduct", "WidenedProduct", "padded_copy", "traced_layout", "enabled"]
 
 #: Rows shorter than this stay unpadded (Inductor's ``padding_stride_threshold``): the padding's
 #: memory and the broken-up contiguous spans cost more than an unaligned product loses there.
@@ -91,6 +91,9 @@ class Padding:
     rows: dict  # fx.Node -> padded row stride (elements)
     restore: set  # returned nodes whose value may come out padded: copied into the traced layout
     widen: dict = None  # fx.Node (an ATen mm reading a padded value) -> the padded row stride
+    #: graph inputs copied into padded rows as the graph starts (a gradient of the logits that the
+    #: loss's graph computed, read by this graph's backward products)
+    copies: set = None
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -101,17 +104,19 @@ class Padding:
         for node, stride in self.rows.items():
             cols = fusion.value(node).shape[-1]
             how = "a product writes" if fusion.target_name(node) in MATMULS else "a product reads"
+            how = "an input a product reads" if node.op == "placeholder" else how
             lines.append(f"{node.name}: rows of {cols} padded to {stride} ({how} it; 16-byte aligned for cuBLAS)")
         lines += [f"{node.name}: returned, copied back into its unpadded layout" for node in self.restore]
         lines += [f"{node.name}: a product reading padded rows, run on the whole padded matrix"
                   for node in (self.widen or {})]
+        lines += [f"{node.name}: an input copied into padded rows" for node in (self.copies or ())]
         return lines
 
 
 def plan(gm: fx.GraphModule, part, returned: set) -> Padding:
     """Which values of ``gm`` get padded rows. ``part``: the partition (a generated kernel's
     outputs are padded only when a product reads them); ``returned``: the graph's output nodes."""
-    rows = {}
+    rows, copies = {}, set()
     for node in gm.graph.nodes:
         stride = _candidate(node)
         if stride is None:
@@ -119,15 +124,26 @@ def plan(gm: fx.GraphModule, part, returned: set) -> Padding:
         group = part.group_of.get(node)
         by_matmul = group is None and fusion.target_name(node) in MATMULS
         by_kernel = group is not None and _padding_kernel(group, node) and _read_by_matmul(node)
-        if (by_matmul or by_kernel) and _views_hold(node, stride):
+        by_copy = node.op == "placeholder" and _rows(node) >= PAD_N_MIN_ROWS and _read_by_matmul(node)
+        if (by_matmul or by_kernel or by_copy) and _views_hold(node, stride):
             rows[node] = stride
+            if by_copy:
+                copies.add(node)
     widen = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten.mm.default and node not in rows:
             source = _padded_source(node.args[0], rows)
             if source is not None:
                 widen[node] = rows[source]
-    return Padding(rows, {n for n in returned if _reaches(n, rows)}, widen)
+    return Padding(rows, {n for n in returned if _reaches(n, rows)}, widen, copies)
+
+
+def _rows(node) -> int:
+    shape = fusion.value(node).shape
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return rows
 
 
 def _padded_source(node, rows: dict):
@@ -145,7 +161,7 @@ def _candidate(node: fx.Node) -> int | None:
     """The padded row stride of a contiguous, statically shaped, at least 2-D floating value
     with long unaligned rows; None for any other value."""
     val = fusion.value(node)
-    if node.op != "call_function" or not isinstance(val, torch.Tensor) or val.dim() < 2:
+    if node.op not in ("call_function", "placeholder") or not isinstance(val, torch.Tensor) or val.dim() < 2:
         return None
     if not all(isinstance(s, int) for s in val.shape) or not val.is_floating_point() or not val.is_contiguous():
         return None
@@ -316,3 +332,15 @@ class WidenedProduct:
             full = a.t().as_strided((a.shape[1], n_pad), a.t().stride()).t()
             return torch.mm(full, b)[:a.shape[0]]
         return torch.mm(a, b)
+
+
+def padded_copy(t: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """``t`` (..., N) copied into rows ``n_pad`` apart, the padding zeroed (the reduced dim of a
+    product may run over it): one pass over ``t``, against a product in cuBLAS's unaligned kernels
+    (4-6x slower at GPT-2's 50257 columns, ``mm_alignment_h200.csv``)."""
+    if t.dim() < 2 or t.shape[-1] >= n_pad:
+        return t
+    full = torch.empty((*t.shape[:-1], n_pad), dtype=t.dtype, device=t.device)
+    full[..., t.shape[-1]:].zero_()
+    out = full[..., :t.shape[-1]]
+    return out.copy_(t)

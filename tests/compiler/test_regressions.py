@@ -386,3 +386,37 @@ def test_inference_batch_norm_is_one_kernel_with_its_relu():
     graph = plan.graphs[0]
     assert len(graph.groups) == 1, [g.ops for g in graph.groups]
     assert not graph.eager, graph.eager
+
+
+def test_gradient_from_another_graph_is_copied_into_padded_rows(monkeypatch):
+    """HF computes the loss in a graph of its own (a graph break): the gradient of the logits
+    reaches the head's backward graph as an input. From ``layout.PAD_N_MIN_ROWS`` rows it is copied
+    once into padded rows (zeroed padding) and both backward products run on the padded matrix."""
+    from kernelab.compiler import layout
+
+    plans = []
+    plan_of = layout.plan
+
+    def plan_spy(*args):
+        plans.append(plan_of(*args).describe())
+        return plan_of(*args)
+
+    monkeypatch.setattr(layout, "plan", plan_spy)
+    rows, vocab = layout.PAD_N_MIN_ROWS, 1031
+    hidden, weight = _r(rows, 16, grad=True), _r(vocab, 16, seed=1, grad=True)
+    target = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(2))
+
+    def head(h, w):
+        return (h @ w.t()).view(rows // 16, 16, vocab)
+
+    results = []
+    for f in (head, torch.compile(head, backend="kernelab")):
+        hidden.grad = weight.grad = None
+        loss = F.cross_entropy(f(hidden, weight).float().view(-1, vocab), target)  # outside the graph
+        loss.backward()
+        results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))
+    for e, a, what in zip(results[0], results[1], ("loss", "hidden gradient", "weight gradient")):
+        assert_close(a, e, what=what)
+    backward = plans[1]
+    assert "tangents_1: an input copied into padded rows" in backward
+    assert sum("run on the whole padded matrix" in line for line in backward) == 2
