@@ -48,6 +48,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     ops_host.stub_launches()
+    args.steps, args.repeats = args.steps or 300, args.repeats or 15
     rows = []
     for op, (inputs, grad_of, fns) in ops_host.cases(args.ops).items():
         rows += ops_host.run_op(op, {**fns, **settings_providers(op)}, inputs, grad_of, args.steps, args.repeats)

@@ -286,8 +286,8 @@ def parser(ops=OPS) -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=150.0, help="GPU: start no op past this many seconds")
     p.add_argument("--stub", action="store_true", help="stubbed launches on CPU tensors even where CUDA exists")
     p.add_argument("--ops", nargs="+", default=list(ops), choices=OPS)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--steps", type=int, help="calls a round (default 300 stubbed, 200 on a GPU)")
+    p.add_argument("--repeats", type=int, help="rounds (default 15 stubbed, 7 on a GPU)")
     p.add_argument("--out", type=Path, help="stubbed: also write the table (with the machine) to this file")
     p.add_argument("--profile", choices=OPS, help="stubbed: cProfile kernelab's forward+backward of this op")
     p.add_argument("--smoke", action="store_true",
@@ -305,7 +305,9 @@ def main(args=None) -> int:
         args.steps, args.repeats = 2, 1
         return gpu_main(args)
     if torch.cuda.is_available() and not args.stub and args.out_dir:
+        args.steps, args.repeats = args.steps or 200, args.repeats or 7
         return gpu_main(args)
+    args.steps, args.repeats = args.steps or 300, args.repeats or 15
     stub_launches()
     if args.profile:
         profile(args.profile, args.steps * 5)

@@ -12,10 +12,12 @@ warps, stages and Triton's other compile options) whose arguments specialize ali
 integer classes; the same device) call the binary's launcher directly, with the argument list
 Triton itself passes it (every argument in signature order, constexprs included; Triton >= 3.3).
 The specialization key is computed by a small function generated per pattern of argument kinds
-(tensor, int, float, bool, None), a few Python operations an argument. Anything else takes
-Triton's ordinary path: the interpreter, a launch hook (a profiler such as proton),
-``KERNELAB_DIRECT_LAUNCH=0`` (read when a launch would bind), another Triton, a signature the
-launch does not match, arguments of other kinds.
+(tensor, int, float, bool, None), a few Python operations an argument; ``Launcher.prepare``
+hashes the keywords once for callers that cache their launch settings per shape (``kernelab.ops``
+does). Anything else takes Triton's ordinary path: the interpreter, a launch hook (a profiler such
+as proton), ``KERNELAB_DIRECT_LAUNCH=0`` (read when a launch would bind: set it before the first
+launch), :func:`triton_path` (tests and benchmarks), another Triton, a signature the launch does
+not match, arguments of other kinds.
 
 :class:`StaticLauncher` launches a binary through torch's precompiled launcher instead of Triton's
 (the compiler's runner uses it): no gcc build of a C launcher at a new signature's first launch.

@@ -374,28 +374,36 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, b2: torch.Tensor | None = None, bi
     module docstring; Z and Z2 are None unless ``store_z``. ``config``: None picks the first
     candidate of the shape's class; ``tma``: see ``_use_tma``. Inputs share one dtype and device."""
     (m, k), n = a.shape, b.shape[0]
-    dual = b2 is not None
-    y = _common.empty((m, n), a.dtype, a.device)
-    z = _common.empty((m, n), a.dtype, a.device) if store_z else None
-    z2 = _common.empty((m, n), a.dtype, a.device) if store_z and dual else None
+    dual, dtype, device = b2 is not None, a.dtype, a.device
+    y = _common.empty((m, n), dtype, device)
+    z = _common.empty((m, n), dtype, device) if store_z else None
+    z2 = _common.empty((m, n), dtype, device) if store_z and dual else None
     if m == 0 or n == 0:
         return y, z, z2
-    config = config or _fitted(shape_class(m, n, dual, a.device), a.dtype)[0]
+    config = config or _first_config(m, n, dual, dtype, device)
     use_tma, a_k_major, b_k_major = _use_tma(a, b, tma)
     if use_tma and not _common.INTERPRETED:
         triton.set_allocator(_scratch)  # per launch: the allocator is a context variable (autograd's threads)
     tiles = _common.cdiv(m, config.block_m) * _common.cdiv(n, config.block_n)
     res = residual if residual is not None else y
     launch = _gemm_launch(config, act, bias is not None, residual is not None, store_z, dual, use_tma, a_k_major,
-                          b_k_major, _precision(a.dtype), _common.needs_int64(a, b, res, y))
+                          b_k_major, _precision(dtype), _common.needs_int64(a, b, res, y))
+    (sam, sak), (sbn, sbk) = a.stride(), b.stride()
+    srm, srn = residual.stride() if residual is not None else (n, 1)  # y and z: contiguous, row stride n
     launch(
-        (min(tiles, _common.sm_count(a.device)),),
+        (min(tiles, _common.sm_count(device)),),
         a, b, b2 if dual else b, bias if bias is not None else y, res, y,
         z if z is not None else y, z2 if z2 is not None else y,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), res.stride(0), res.stride(1), n,  # y: contiguous
+        sam, sak, sbn, sbk, srm, srn, n,
         m, n, k,
     )
     return y, z, z2
+
+
+@functools.lru_cache(maxsize=1024)
+def _first_config(m: int, n: int, dual: bool, dtype: torch.dtype, device: torch.device) -> GemmConfig:
+    """The first candidate of the shape's class (cached: host time per call)."""
+    return _fitted(shape_class(m, n, dual, device), dtype)[0]
 
 
 @functools.lru_cache(maxsize=1024)

@@ -37,8 +37,14 @@ ACTIVATIONS = {
 
 # --------------------------------------------------------------------------- launchers
 def _nothing(x: torch.Tensor) -> torch.Tensor:
-    """A fresh empty tensor for an output that is not computed (custom op outputs never alias)."""
+    """A fresh empty tensor for an output that is not computed (custom op outputs never alias);
+    fake tensors too (the fake implementations)."""
     return x.new_empty((0,))
+
+
+def _no_output(x: torch.Tensor) -> torch.Tensor:
+    """``_nothing`` for the launchers (real tensors): through ``_common.empty``, cheaper."""
+    return _common.empty((0,), x.dtype, x.device)
 
 
 def _flat(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -54,7 +60,7 @@ def _linear_forward(x, weight, bias, residual, activation: str, save_z: bool):
     act = gemm.code_for(activation, x.dtype)
     store_z = save_z and activation != "none"
     y, z, _ = gemm.gemm(x2, weight, bias=bias, residual=res2, act=act, store_z=store_z)
-    return y.view(*x.shape[:-1], n), z if store_z else _nothing(x)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n), z if store_z else _no_output(x)
 
 
 def _linear_backward(dy, x, weight, z, activation: str, has_bias: bool, needs: list[bool]):
@@ -63,16 +69,16 @@ def _linear_backward(dy, x, weight, z, activation: str, has_bias: bool, needs: l
     dy2 = _flat(dy, n)
     act = gemm.code_for(activation, x.dtype)
     dz, _, db = gemm.activation_backward(dy2, z if activation != "none" else None, act, has_bias and needs[2])
-    dx = gemm.gemm(dz, weight.t())[0].view(x.shape) if needs[0] else _nothing(x)
-    dw = gemm.gemm(dz.t(), _flat(x, k).t())[0] if needs[1] else _nothing(x)
-    return dx, dw, db if db is not None else _nothing(x)
+    dx = gemm.gemm(dz, weight.t())[0].view(x.shape) if needs[0] else _no_output(x)
+    dw = gemm.gemm(dz.t(), _flat(x, k).t())[0] if needs[1] else _no_output(x)
+    return dx, dw, db if db is not None else _no_output(x)
 
 
 def _swiglu_forward(x, w_gate, w_up, save: bool):
     """(Y [..., N], G, U): G and U [M, N] when ``save``, else empty tensors."""
     n, k = w_gate.shape
     y, g, u = gemm.gemm(_flat(x, k), w_gate, b2=w_up, store_z=save)
-    return y.view(*x.shape[:-1], n), g if save else _nothing(x), u if save else _nothing(x)
+    return y.view(*x.shape[:-1], n), g if save else _no_output(x), u if save else _no_output(x)
 
 
 def _swiglu_backward(dy, x, w_gate, w_up, g, u, needs: list[bool]):
@@ -80,12 +86,12 @@ def _swiglu_backward(dy, x, w_gate, w_up, g, u, needs: list[bool]):
     n, k = w_gate.shape
     dg, du, _ = gemm.activation_backward(_flat(dy, n), g, gemm.NONE.value, False, u=u)
     x2 = _flat(x, k)
-    dx = _nothing(x)
+    dx = _no_output(x)
     if needs[0]:
         dx = gemm.gemm(dg, w_gate.t())[0]
         dx = gemm.gemm(du, w_up.t(), residual=dx)[0].view(x.shape)
-    dwg = gemm.gemm(dg.t(), x2.t())[0] if needs[1] else _nothing(x)
-    dwu = gemm.gemm(du.t(), x2.t())[0] if needs[2] else _nothing(x)
+    dwg = gemm.gemm(dg.t(), x2.t())[0] if needs[1] else _no_output(x)
+    dwu = gemm.gemm(du.t(), x2.t())[0] if needs[2] else _no_output(x)
     return dx, dwg, dwu
 
 

@@ -178,8 +178,9 @@ def _denominator(target, ignore_index: int):
 
 
 def _or_empty(t, like):
-    """Custom ops return tensors: an empty one stands for "not computed"."""
-    return like.new_empty((0,)) if t is None else t
+    """Custom ops return tensors: an empty one stands for "not computed" (real tensors only: the
+    fake implementation has its own)."""
+    return _common.empty((0,), like.dtype, like.device) if t is None else t
 
 
 def _lce_forward(hidden, weight, target, bias, ignore_index: int, smoothing: float, reduction: str,
@@ -388,9 +389,9 @@ def linear_cross_entropy(
     v, h = weight.shape
     if not _common.use_triton(hidden) or v == 0:
         return _reference(hidden, weight, target, bias, ignore_index, reduction, smoothing)
-    flat_target = target.reshape(-1).contiguous()
+    flat_target = target if target.dim() == 1 and target.is_contiguous() else target.reshape(-1).contiguous()
     check_targets_on_host(flat_target, v, ignore_index)
-    hidden2 = hidden.reshape(flat_target.numel(), h)  # (-1, h) is ambiguous for h = 0
+    hidden2 = hidden if hidden.dim() == 2 else hidden.reshape(flat_target.numel(), h)  # (-1, h): ambiguous for h = 0
     rows = chunk_rows or chunk_rows_for(hidden2.shape[0], v, hidden.element_size())
     needs = (_needs_grad(hidden), _needs_grad(weight), _needs_grad(bias))
     loss = _common.apply(_LinearCrossEntropy, _lce_op, hidden2, weight, flat_target, bias, int(ignore_index),

@@ -3,11 +3,14 @@ entry point, rows passed without views, the autograd node skipped when nothing n
 launch settings prepared once. Values are the ops' own tests' business; these check the plumbing
 that makes them cheap, against what torch itself would give."""
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kernelab.ops as K
+from kernelab import launch
 from kernelab.ops import _common
 from kernelab.ops._common import empty as real_empty  # the autouse fixture poisons _common.empty
 
@@ -69,8 +72,6 @@ def test_no_autograd_node_without_grad(op):
 def test_prepared_launch_settings_follow_the_tuning_switches(monkeypatch):
     """Launch settings cached per shape still follow the module switches a tuning run sets
     (cross_entropy.BWD_BLOCK_C here): the switch is part of the cache key."""
-    import importlib
-
     ce = importlib.import_module("kernelab.ops.cross_entropy")
     x = torch.randn(5, 300, requires_grad=True)
     target = torch.randint(0, 300, (5,))
@@ -81,3 +82,118 @@ def test_prepared_launch_settings_follow_the_tuning_switches(monkeypatch):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
         col_blocks, launch = ce._bwd_launch(300, False, False, True, block)
         assert launch.keywords["BLOCK_C"] == expected and col_blocks == -(-300 // expected)
+
+
+# --------------------------------------------------------------------------- direct launches, replayed
+#: Functions caching prepared launches (they hold the launchers they were made with).
+LAUNCH_CACHES = {
+    "norms": ("_fwd_launch",), "softmax": ("_one_pass_launch",),
+    "cross_entropy": ("_fwd_launch", "_reduce_launch", "_bwd_launch"), "pointwise": ("_prepared",),
+    "gemm": ("_gemm_launch", "_activation_backward_launch"), "linear_cross_entropy": ("_rows_launch",),
+    "_common": ("_sum_partials_launch",),
+}
+
+
+def _clear_launch_caches():
+    for module, names in LAUNCH_CACHES.items():
+        for name in names:
+            getattr(importlib.import_module(f"kernelab.ops.{module}"), name).cache_clear()
+    importlib.import_module("kernelab.ops.norms")._BWD_PLANS.clear()
+
+
+class _Replay:
+    """A stand-in for a compiled binary: its launcher ``run`` replays the direct launch's argument
+    list positionally through the interpreter, as Triton's launcher takes it (every parameter in
+    signature order, constexprs included), with the launch's compile options as keywords."""
+
+    function = packed_metadata = None
+
+    def __init__(self, kernel, options: dict, replays: list):
+        self.kernel, self.options, self.replays = kernel, options, replays
+
+    def _init_handles(self):
+        pass
+
+    def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter, exit, *params):
+        self.replays.append(self.kernel.__name__)
+        self.kernel[(g0, g1, g2)](*params, **self.options)
+
+
+@pytest.fixture
+def replayed(monkeypatch):
+    """Launchers that bind as on a GPU (CPU tensors taken for device 0) to ``_Replay`` binaries:
+    (direct launches replayed, launches through Triton's path)."""
+    replays, ordinary = [], []
+
+    class Simulated(launch.Launcher):
+        def __init__(self, kernel, interpreted):
+            super().__init__(kernel, False)
+
+        def _triton(self, grid, args, keywords):
+            ordinary.append(self.kernel.__name__)
+            keywords = {k: v for k, v in keywords.items() if k != "maxnreg"}  # the interpreter takes none
+            self.kernel[grid](*args, **keywords)
+            return _Replay(self.kernel, {k: v for k, v in keywords.items() if k not in self.kernel.arg_names}, replays)
+
+    monkeypatch.setattr(_common, "Launcher", Simulated)
+    monkeypatch.setattr(_common, "_LAUNCHERS", {})
+    monkeypatch.setattr(launch, "_cuda_index", lambda args: 0)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_stream_function", lambda: lambda device: 0)
+    monkeypatch.setattr(launch, "_triton_supported", lambda: True)
+    monkeypatch.delenv("KERNELAB_DIRECT_LAUNCH", raising=False)
+    _clear_launch_caches()
+    yield replays, ordinary
+    _clear_launch_caches()
+
+
+def _replay_case(op: str):
+    """(kernelab function, its PyTorch reference, inputs, indices to differentiate)."""
+    g = torch.Generator().manual_seed(0)
+    x, other = torch.randn(7, 33, generator=g), torch.randn(7, 33, generator=g)
+    w, b = torch.randn(33, generator=g), torch.randn(33, generator=g)
+    wt, wt2 = torch.randn(20, 33, generator=g) * 0.3, torch.randn(20, 33, generator=g) * 0.3
+    res = torch.randn(7, 20, generator=g)
+    target = torch.tensor([3, -100, 0, 32, 5, 5, 17])
+    cases = {
+        "layer_norm": (lambda x, w, b: K.layer_norm(x, (33,), w, b), lambda x, w, b: F.layer_norm(x, (33,), w, b),
+                       (x, w, b)),
+        "rms_norm": (lambda x, w: K.rms_norm(x, (33,), w), lambda x, w: F.rms_norm(x, (33,), w), (x, w)),
+        "softmax": (lambda x: K.softmax(x, -1), lambda x: F.softmax(x, -1), (x,)),
+        "log_softmax": (lambda x: K.log_softmax(x, -1), lambda x: F.log_softmax(x, -1), (x,)),
+        "cross_entropy": (lambda x, w: K.cross_entropy(x, target, w, label_smoothing=0.1),
+                          lambda x, w: F.cross_entropy(x, target, w, label_smoothing=0.1), (x, w.abs())),
+        "add_relu": (K.add_relu, lambda a, c: torch.relu(a + c), (x, other)),
+        "bias_gelu": (K.bias_gelu, lambda a, c: F.gelu(a + c), (x, b)),
+        "silu_mul": (K.silu_mul, lambda a, c: F.silu(a) * c, (x, other)),
+        "linear": (lambda x, w, b, r: K.linear(x, w, b, activation="gelu", residual=r),
+                   lambda x, w, b, r: F.gelu(F.linear(x, w, b)) + r, (x, wt, b[:20], res)),
+        "swiglu_linear": (K.swiglu_linear, lambda x, u, v: F.silu(F.linear(x, u)) * F.linear(x, v), (x, wt, wt2)),
+        "linear_cross_entropy": (lambda x, w: K.linear_cross_entropy(x, w, target.clamp(max=19)),
+                                 lambda x, w: F.cross_entropy(F.linear(x, w), target.clamp(max=19)), (x, wt)),
+    }
+    fn, ref, inputs = cases[op]
+    grad_of = tuple(i for i, t in enumerate(inputs) if op != "cross_entropy" or i == 0)
+    return fn, ref, inputs, grad_of
+
+
+def _outputs(fn, inputs, grad_of):
+    leaves = [t.clone().requires_grad_(i in grad_of) for i, t in enumerate(inputs)]
+    out = fn(*leaves)
+    return [out.detach(), *torch.autograd.grad(out.pow(2).sum(), [leaves[i] for i in grad_of])]
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "softmax", "log_softmax", "cross_entropy", "add_relu",
+                                "bias_gelu", "silu_mul", "linear", "swiglu_linear", "linear_cross_entropy"])
+def test_direct_launch_argument_lists(op, replayed):
+    """The second forward + backward launches every kernel directly (GEMMs launched with
+    num_stages included), and the argument lists it builds (arguments, then the constexprs in
+    signature order, positionally) give PyTorch's values: what Triton's launcher gets on a GPU."""
+    replays, ordinary = replayed
+    fn, ref, inputs, grad_of = _replay_case(op)
+    _outputs(fn, inputs, grad_of)  # binds
+    replays.clear(), ordinary.clear()
+    got = _outputs(fn, inputs, grad_of)
+    assert replays and not ordinary, f"launched through Triton's path: {ordinary}"
+    for i, (g, r) in enumerate(zip(got, _outputs(ref, inputs, grad_of))):
+        torch.testing.assert_close(g, r, rtol=2e-4, atol=2e-5, msg=f"{op} output {i}")
