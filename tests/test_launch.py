@@ -333,3 +333,42 @@ def test_a_callable_grid_takes_the_triton_path(cuda_free):
     grid = lambda meta: (8,)  # noqa: E731
     launcher(grid, *_args(), num_warps=4, BLOCK=256, FLAG=True)
     assert kernel.triton_calls[-1][0] is grid and len(kernel.binary.runs) == 1
+
+
+def _triton_specialization(arg):
+    """Triton's own specialization of a launch argument (type, key), as its binder computes it."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime import jit
+
+    return jit.native_specialize_impl(BaseBackend, arg, False, True, True)
+
+
+TENSORS = [torch.zeros(64, dtype=dtype)[offset:] for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64)
+           for offset in (0, 1, 2, 4, 8)]
+
+
+@pytest.mark.parametrize("pattern, values", [
+    ("TI", INTS + [True, False, 16.0]), ("TF", [0.0, 1.0, 16.0, -2.5, float("inf"), 16, 1, True]),
+    ("TB", [True, False, 1, 0]), ("TN", [None, 0, False]), ("TT", TENSORS + [None, 16]),
+], ids=["int", "float", "bool", "none", "tensor"])
+def test_generated_keys_never_join_what_triton_tells_apart(pattern, values):
+    """Against this Triton's own specialization function (run this file on the GPU machine too, for
+    its Triton): two arguments of the slot's kind with equal keys get the same binary from Triton,
+    and an argument of another kind (which binds in a site of its own pattern) never has the key of
+    one of the slot's kind."""
+    key = L._key_function(pattern)
+    x = torch.zeros(4)
+
+    def ours(v):
+        try:
+            return key(x, v)
+        except (AttributeError, TypeError):  # not of the slot's kind: Triton's path, no key
+            return ("no key", id(v))
+
+    members = [v for v in values if L._kind(v) == pattern[1]]
+    outsiders = [v for v in values if L._kind(v) != pattern[1]]
+    for a in members:
+        for b in members:
+            if ours(a) == ours(b):
+                assert (type(a), _triton_specialization(a)) == (type(b), _triton_specialization(b)), (a, b)
+    assert not {ours(v) for v in outsiders} & {ours(v) for v in members}

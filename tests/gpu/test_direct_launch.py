@@ -14,6 +14,8 @@ Run on a GPU machine WITHOUT TRITON_INTERPRET: ``python -m pytest tests/gpu -q``
 import pytest
 import torch
 
+import torch.nn.functional as F
+
 from kernelab import launch
 from kernelab import ops as K
 from kernelab.ops import _common
@@ -28,8 +30,9 @@ def _randn(*shape, dtype, seed, scale=1.0):
     return (torch.randn(*shape, device="cuda", generator=g) * scale).to(dtype)
 
 
-def _case(name: str, dtype: torch.dtype, m: int, n: int):
-    """(function of the inputs, inputs, indices of the inputs to differentiate) for one op family."""
+def _case(name: str, dtype: torch.dtype, m: int, n: int, reference: bool = False):
+    """(function of the inputs, inputs, indices of the inputs to differentiate) for one op family:
+    kernelab's, or with ``reference`` PyTorch's on float64 copies of the inputs."""
     x = _randn(m, n, dtype=dtype, seed=1, scale=2.0)
     w, b = _randn(n, dtype=dtype, seed=2), _randn(n, dtype=dtype, seed=3)
     other = _randn(m, n, dtype=dtype, seed=4)
@@ -37,22 +40,39 @@ def _case(name: str, dtype: torch.dtype, m: int, n: int):
     target[::7] = -100
     k = 96
     hidden, weight = _randn(m, k, dtype=dtype, seed=6), _randn(n, k, dtype=dtype, seed=7, scale=0.1)
-    cases = {
-        "layer_norm": (lambda x, w, b: K.layer_norm(x, (n,), w, b), (x, w, b), (0, 1, 2)),
-        "rms_norm": (lambda x, w: K.rms_norm(x, (n,), w), (x, w), (0, 1)),
-        "softmax": (lambda x: K.softmax(x, -1), (x,), (0,)),
-        "log_softmax": (lambda x: K.log_softmax(x, -1), (x,), (0,)),
-        "cross_entropy": (lambda x: K.cross_entropy(x, target, label_smoothing=0.1), (x,), (0,)),
-        "add_relu": (K.add_relu, (x, other), (0, 1)),
-        "bias_gelu": (K.bias_gelu, (x, b), (0, 1)),
-        "silu_mul": (K.silu_mul, (x, other), (0, 1)),
-        "gelu_mul": (K.gelu_mul, (x, other), (0, 1)),
+    w_up = _randn(n, k, dtype=dtype, seed=8, scale=0.1)
+    inputs = {
+        "layer_norm": (x, w, b), "rms_norm": (x, w), "softmax": (x,), "log_softmax": (x,), "cross_entropy": (x,),
+        "add_relu": (x, other), "bias_gelu": (x, b), "silu_mul": (x, other), "gelu_mul": (x, other),
         # the GEMM kernel (launched with num_stages), its activation backward, the bias sum
-        "linear": (lambda h, wt, bias: K.linear(h, wt, bias, activation="gelu"), (hidden, weight, b), (0, 1, 2)),
-        "swiglu_linear": (K.swiglu_linear, (hidden, weight, _randn(n, k, dtype=dtype, seed=8, scale=0.1)), (0, 1, 2)),
-        "linear_cross_entropy": (lambda h, wt: K.linear_cross_entropy(h, wt, target), (hidden, weight), (0, 1)),
+        "linear": (hidden, weight, b), "swiglu_linear": (hidden, weight, w_up), "linear_cross_entropy": (hidden, weight),
+    }[name]
+    kernelab = {
+        "layer_norm": lambda x, w, b: K.layer_norm(x, (n,), w, b),
+        "rms_norm": lambda x, w: K.rms_norm(x, (n,), w),
+        "softmax": lambda x: K.softmax(x, -1),
+        "log_softmax": lambda x: K.log_softmax(x, -1),
+        "cross_entropy": lambda x: K.cross_entropy(x, target, label_smoothing=0.1),
+        "add_relu": K.add_relu, "bias_gelu": K.bias_gelu, "silu_mul": K.silu_mul, "gelu_mul": K.gelu_mul,
+        "linear": lambda h, wt, bias: K.linear(h, wt, bias, activation="gelu"),
+        "swiglu_linear": K.swiglu_linear,
+        "linear_cross_entropy": lambda h, wt: K.linear_cross_entropy(h, wt, target),
     }
-    return cases[name]
+    torch_ = {
+        "layer_norm": lambda x, w, b: F.layer_norm(x, (n,), w, b),
+        "rms_norm": lambda x, w: F.rms_norm(x, (n,), w),
+        "softmax": lambda x: F.softmax(x, -1),
+        "log_softmax": lambda x: F.log_softmax(x, -1),
+        "cross_entropy": lambda x: F.cross_entropy(x, target, label_smoothing=0.1),
+        "add_relu": lambda a, c: torch.relu(a + c), "bias_gelu": lambda a, c: F.gelu(a + c),
+        "silu_mul": lambda a, c: F.silu(a) * c, "gelu_mul": lambda a, c: F.gelu(a) * c,
+        "linear": lambda h, wt, bias: F.gelu(F.linear(h, wt, bias)),
+        "swiglu_linear": lambda h, u, v: F.silu(F.linear(h, u)) * F.linear(h, v),
+        "linear_cross_entropy": lambda h, wt: F.cross_entropy(F.linear(h, wt), target),
+    }
+    if reference:
+        return torch_[name], tuple(t.double() for t in inputs), tuple(range(len(inputs)))
+    return kernelab[name], inputs, tuple(range(len(inputs)))
 
 
 OPS = ["layer_norm", "rms_norm", "softmax", "log_softmax", "cross_entropy", "add_relu", "bias_gelu", "silu_mul",
@@ -67,9 +87,10 @@ CASES = ([(op, dtype, shape) for op in OPS for dtype in (torch.float32, torch.bf
 def _step(fn, inputs, grad_of):
     """Outputs and gradients of one forward + backward (the gradient of the output's sum of
     squares, so that every element matters)."""
-    leaves = [t.detach().clone().requires_grad_(i in grad_of) for i, t in enumerate(inputs)]
+    leaves = [t.detach().requires_grad_(i in grad_of) for i, t in enumerate(inputs)]  # same memory, alignment
     out = fn(*leaves)
-    grads = torch.autograd.grad(out.float().pow(2).sum(), [leaves[i] for i in grad_of])
+    grads = torch.autograd.grad(out.to(torch.promote_types(out.dtype, torch.float32)).pow(2).sum(),
+                                [leaves[i] for i in grad_of])
     return [out.detach(), *grads]
 
 
@@ -80,9 +101,9 @@ def fresh(monkeypatch):
     ordinary = []
     triton_path = launch.Launcher._launch
 
-    def counting(self, grid, args, keywords):
+    def counting(self, *args, **kwargs):
         ordinary.append(getattr(self.kernel, "__name__", str(self.kernel)))
-        return triton_path(self, grid, args, keywords)
+        return triton_path(self, *args, **kwargs)
 
     monkeypatch.setattr(launch.Launcher, "_launch", counting)
     return ordinary
@@ -108,8 +129,35 @@ def test_direct_launch_matches_triton_path(name, dtype, shape, fresh):
     fresh.clear()
     direct = _step(fn, inputs, grad_of)
     torch.cuda.synchronize()
-    assert fresh == [], f"{name}: these launches took Triton's path on the second step: {fresh}"
-    _same(direct, _ordinary_path(fn, inputs, grad_of), f"{name} {dtype} {shape}")
+    took_triton_path = list(fresh)
+    ordinary = _ordinary_path(fn, inputs, grad_of)
+    same = len(direct) == len(ordinary) and all(
+        torch.equal(torch.isnan(d), torch.isnan(o)) and torch.equal(d.nan_to_num(), o.nan_to_num())
+        for d, o in zip(direct, ordinary))
+    if took_triton_path or not same:
+        pytest.fail(_report(name, dtype, shape, took_triton_path, direct, ordinary))
+
+
+def _report(name, dtype, shape, took_triton_path, direct, ordinary) -> str:
+    """Everything the next GPU run needs to tell a wrong value from a launch that was not direct:
+    the launches that took Triton's path, the direct-launch switches, every launcher's bindings
+    (refused ones too), and each output's distance between the paths and to float64 PyTorch."""
+    ref_fn, ref_inputs, grad_of = _case(name, dtype, *shape, reference=True)
+    reference = _step(ref_fn, ref_inputs, grad_of)
+    runtime = launch._runtime_knobs()
+    lines = [f"{name} {dtype} {shape}: launches through Triton's path on the second step: {took_triton_path}",
+             f"enabled()={launch.enabled()} triton_supported={launch._triton_supported()} "
+             f"hooks=({launch.hooked(runtime.launch_enter_hook)}, {launch.hooked(runtime.launch_exit_hook)})"]
+    for launcher in _common._LAUNCHERS.values():
+        for (keywords, pattern), site in launcher.patterns.items():
+            kinds = [type(b).__name__ if b is not False else "REFUSED" for b in site.bound.values()]
+            lines.append(f"  {launcher.kernel.__name__} {pattern} {dict(keywords)}: {kinds}")
+    for i, (d, o, r) in enumerate(zip(direct, ordinary, reference)):
+        def dist(a, b):
+            return (a.double() - b.double()).abs().nan_to_num(float("inf")).max().item() if a.numel() else 0.0
+        lines.append(f"  output {i} {tuple(d.shape)}: |direct - triton path| {dist(d, o):.3g}, "
+                     f"|direct - float64| {dist(d, r):.3g}, |triton path - float64| {dist(o, r):.3g}")
+    return "\n".join(lines)
 
 
 def test_gemm_binds_with_num_stages(fresh):
