@@ -23,7 +23,7 @@ into one dim) or when an op reads its storage by explicit strides (``as_strided`
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
@@ -88,12 +88,13 @@ def padded_strides(shape, row_stride: int) -> list[int]:
 class Padding:
     """The plan for one graph: padded row stride per value, and the returned values to copy back."""
 
-    rows: dict  # fx.Node -> padded row stride (elements)
-    restore: set  # returned nodes whose value may come out padded: copied into the traced layout
-    widen: dict = None  # fx.Node (an ATen mm reading a padded value) -> the padded row stride
+    rows: dict = field(default_factory=dict)  # fx.Node -> padded row stride (elements)
+    #: returned nodes whose value may come out padded: copied into the traced layout
+    restore: set = field(default_factory=set)
+    widen: dict = field(default_factory=dict)  # fx.Node (an ATen mm reading a padded value) -> row stride
     #: graph inputs copied into padded rows as the graph starts (a gradient of the logits that the
     #: loss's graph computed, read by this graph's backward products)
-    copies: set = None
+    copies: set = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -108,8 +109,8 @@ class Padding:
             lines.append(f"{node.name}: rows of {cols} padded to {stride} ({how} it; 16-byte aligned for cuBLAS)")
         lines += [f"{node.name}: returned, copied back into its unpadded layout" for node in self.restore]
         lines += [f"{node.name}: a product reading padded rows, run on the whole padded matrix"
-                  for node in (self.widen or {})]
-        lines += [f"{node.name}: an input copied into padded rows" for node in (self.copies or ())]
+                  for node in self.widen]
+        lines += [f"{node.name}: an input copied into padded rows" for node in self.copies]
         return lines
 
 

@@ -43,7 +43,7 @@ class GraphRunner:
     #: None: all of them
     visible_outputs: int | None = None
     #: values laid out with padded rows, and returned values copied back (``layout.py``)
-    padding: layout.Padding = field(default_factory=lambda: layout.Padding({}, set(), {}, set()))
+    padding: layout.Padding = field(default_factory=layout.Padding)
 
     @classmethod
     def build(cls, gm: fx.GraphModule, part, interpret: bool, visible_outputs: int | None = None) -> "GraphRunner":
@@ -52,7 +52,7 @@ class GraphRunner:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         attrs = {n: _fetch_attr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
         output = next(n for n in gm.graph.nodes if n.op == "output")
-        padding = layout.plan(gm, part, set(output.all_input_nodes)) if layout.enabled() else layout.Padding({}, set(), {}, set())
+        padding = layout.plan(gm, part, set(output.all_input_nodes)) if layout.enabled() else layout.Padding()
         for g in part.groups:
             runners[id(g)].padded = {n: padding.rows[n] for n in g.outputs if n in padding.rows}
         return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0], attrs,
@@ -65,7 +65,7 @@ class GraphRunner:
         if hooks is None and self.straight is not None:
             return self.straight(args)
         env = dict(zip(self.placeholders, args))
-        for node in self.padding.copies or ():
+        for node in self.padding.copies:
             env[node] = layout.padded_copy(env[node], self.padding.rows[node])
         env.update(self.attrs)
         for step, dead in zip(self.steps, self.free_after):
@@ -88,7 +88,7 @@ class GraphRunner:
         stride = self.padding.rows.get(node)
         if stride is not None:
             return layout.PaddedProduct(layout.MATMULS[fusion.target_name(node)], stride)
-        widen = (self.padding.widen or {}).get(node)
+        widen = self.padding.widen.get(node)
         return node.target if widen is None else layout.WidenedProduct(widen)
 
     @property
@@ -178,7 +178,7 @@ def _straight_line(runner: "GraphRunner"):
     lines = ["def run(args):"]
     if runner.placeholders:
         lines.append("    " + ", ".join(names[p] for p in runner.placeholders) + ", = args")
-    for node in runner.padding.copies or ():
+    for node in runner.padding.copies:
         lines.append(f"    {names[node]} = {bind('p', layout.padded_copy)}({names[node]}, {runner.padding.rows[node]})")
     keep = set(runner.placeholders) | set(runner.attrs) | set(nodes_in(out))
     last = {}
