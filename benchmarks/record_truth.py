@@ -5,6 +5,14 @@ backend), measure the device kernels, memcpys and memsets of one call with torch
 warm-up, median durations over the timed calls) and write them as JSON:
 
     python benchmarks/record_truth.py OUT.json [--only add_relu,softmax] [--modes eager,inductor]
+        [--set builtin|grids-fit|grids-fresh|zoo]
+
+``--set`` picks the programs: the built-in ones (default; tests/data/kernels_h200.json), the random
+library-heuristic grids of ``kernelab.truth_grids`` (``grids-fit``: the sample the eager rules were
+written from, tests/data/grids_fit_h200.json; ``grids-fresh``: a second sample drawn with another
+seed, without the programs of the first, recorded after the rules were written,
+tests/data/grids_fresh_h200.json), or one training step of every zoo model at benchmark size
+(``zoo``; tests/data/zoo_h200.json). Kernel names are cut to 240 characters outside the built-in set.
 
 The JSON is rewritten after every program, so a run cut short still leaves what it measured.
 Errors (a compile failure, a measurement refused) are recorded per program and mode, one line each.
@@ -22,6 +30,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 MODES = ("eager", "inductor")
+SETS = ("builtin", "grids-fit", "grids-fresh", "zoo")
+GRID_SEEDS = {"grids-fit": 0, "grids-fresh": 1}
+NAME_CHARS = 240
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -29,6 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("out", help="path of the JSON file to write")
     p.add_argument("--only", default="", help="comma-separated program names (default: all)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: eager,inductor")
+    p.add_argument("--set", default="builtin", choices=SETS, dest="program_set")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--budget-s", type=float, default=480.0,
@@ -72,6 +84,10 @@ def measure_mode(program, mode: str, warmup: int, repeat: int) -> list[dict]:
     return [k.to_json() for k in kernels]
 
 
+def shortened(kernels: list[dict]) -> list[dict]:
+    return [{**k, "name": k["name"][:NAME_CHARS]} for k in kernels]
+
+
 def record_program(program, modes, args, deadline: float) -> dict:
     entry = {"description": program.description, "errors": {}, "wall_s": {}}
     for mode in modes:
@@ -82,6 +98,8 @@ def record_program(program, modes, args, deadline: float) -> dict:
         start = time.monotonic()
         try:
             entry[mode] = measure_mode(program, mode, args.warmup, args.repeat)
+            if args.program_set != "builtin":
+                entry[mode] = shortened(entry[mode])
         except Exception as exc:  # recorded, and the run goes on with the next program
             entry["errors"][mode] = error_line(exc)
         entry["wall_s"][mode] = round(time.monotonic() - start, 2)
@@ -138,10 +156,24 @@ def summary_table(doc: dict, modes):
     return table
 
 
-def select_programs(only: str):
+def program_table(program_set: str) -> dict:
+    """name -> Program of one set (see the module's docstring)."""
+    from kernelab import truth_grids
     from kernelab.programs import all_programs
 
-    programs = all_programs()
+    if program_set == "builtin":
+        return all_programs()
+    if program_set == "zoo":
+        return truth_grids.zoo_programs()
+    programs = truth_grids.grid_programs(GRID_SEEDS[program_set])
+    if program_set == "grids-fresh":
+        fitted = truth_grids.grid_programs(GRID_SEEDS["grids-fit"])
+        programs = {n: p for n, p in programs.items() if n not in fitted}
+    return programs
+
+
+def select_programs(only: str, program_set: str = "builtin"):
+    programs = program_table(program_set)
     if not only:
         return list(programs.values())
     names = [n.strip() for n in only.split(",") if n.strip()]
@@ -163,11 +195,12 @@ def main(argv=None) -> int:
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise SystemExit(f"unknown mode(s) {bad}; choose from {MODES}")
-    programs = select_programs(args.only)
+    programs = select_programs(args.only, args.program_set)
     if "inductor" in modes:
         configure_inductor()
     deadline = time.monotonic() + args.budget_s
     doc = header()
+    doc["set"] = args.program_set
     console = Console()
     columns = (TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:

@@ -201,6 +201,9 @@ def _is_view(func) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
+_CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "_addmm_activation"})
+
+
 class _Recorder(TorchDispatchMode):
     """Records every op; ops inside a device-specific functional call are folded into that call."""
 
@@ -240,7 +243,11 @@ class _Recorder(TorchDispatchMode):
         bound = _bind_arguments(func, args, kwargs)
         mutated = _mutated_inputs(func, bound)
         written = {self.ids.info(m).region for m in mutated}
-        self.append(_op_name(func), self.info_tree(bound), (args, kwargs), out,
+        by_name = self.info_tree(bound)
+        if func.name().split("::")[-1].split(".")[0] in _CUBLAS_OPS:
+            # cuBLAS picks its kernels by precision too: record the TF32 switch the call ran under
+            by_name["allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        self.append(_op_name(func), by_name, (args, kwargs), out,
                     mutated=[self.ids.info(m) for m in mutated], written=written, is_view=_is_view(func))
 
     def append(self, name, args_by_name, inputs, out, mutated=(), written=frozenset(), is_view=False) -> None:

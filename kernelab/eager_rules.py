@@ -14,6 +14,8 @@ from typing import Callable
 import torch
 
 from .capture import OpRecord, OpTrace, TensorInfo
+from .library_rules import (EMBEDDING_FEATURE_KERNEL_MAX_INDICES, Gemm, conv_nchw_fp32_transposes,
+                            conv_runs_as_gemm, embedding_backward_fused, gemm_memset, gemm_split_k)
 
 CATEGORIES = (
     "pointwise", "reduction", "matmul", "conv", "attention", "copy", "fill",
@@ -124,7 +126,9 @@ def global_reduce(outputs: int, per_output: int, inner: bool, vec: int, ctx: Con
     values; then, if too few blocks fill the GPU, the reduction is cut across blocks. Such a
     reduction zero-initializes its semaphores with a memset.
     """
-    max_threads = 512
+    if not inner:  # "vectorize along output": vec outputs per thread, 512 / vec threads a block
+        vec = vec if outputs % vec == 0 else (2 if outputs % 2 == 0 and vec >= 2 else 1)
+    max_threads = 512 if inner else 512 // vec
     dim0, dim1 = (per_output // vec, outputs) if inner else (outputs // vec, per_output)
     d0 = max_threads if dim0 >= max_threads else _last_pow2(dim0)
     d1 = max_threads if dim1 >= max_threads else _last_pow2(dim1)
@@ -132,13 +136,13 @@ def global_reduce(outputs: int, per_output: int, inner: bool, vec: int, ctx: Con
     height = min(d1, max_threads // width)
     width = min(d0, max_threads // height)
     step_in, step_out = (width, 1) if inner else (1, width)
-    values = -(-(per_output // (vec if inner else 1)) // step_in)
+    values = -(-per_output // step_in)  # ATen counts the inputs undivided by the vector width
     split_y = values >= height * 16 or values >= 256
     if split_y:
         step_in *= height
     else:
         step_out *= height
-    values = -(-(per_output // (vec if inner else 1)) // step_in)
+    values = -(-per_output // step_in)  # ATen counts the inputs undivided by the vector width
     grid_x = -(-(outputs // (1 if inner else vec)) // step_out)
     target_grid = ctx.sms * (2048 // (width * height))
     if not (split_y and values >= 256 and grid_x < target_grid):
@@ -226,11 +230,47 @@ def _gemm_flops(op: OpRecord) -> float:
     return 2.0 * out.numel * k
 
 
+def _gemm_shape(op: OpRecord) -> Gemm | None:
+    """The cuBLAS problem of a mm/addmm/bmm/baddbmm call (None for mv/dot and odd shapes)."""
+    out = op.written[0]
+    a = op.args.get("mat1") or op.args.get("batch1") or op.args.get("self")
+    if not isinstance(a, TensorInfo) or len(out.shape) not in (2, 3) or len(a.shape) != len(out.shape):
+        return None
+    batch = out.shape[0] if len(out.shape) == 3 else 1
+    if out.dtype in ("float16", "bfloat16"):
+        precision = "half"
+    elif out.dtype == "float32":
+        precision = "tf32" if op.args.get("allow_tf32") else "fp32"
+    else:
+        return None
+    return Gemm(batch, out.shape[-2], out.shape[-1], a.shape[-1], precision)
+
+
+def _gemm_kernels(op: OpRecord, ctx: Context, name: str, reads=None) -> list[KernelSpec]:
+    """The GEMM, with the workspace memset or split-K reduce cuBLAS adds (library_rules)."""
+    kw = {} if reads is None else {"reads": reads}
+    gemm = _kernel(op, "matmul", name, flops=_gemm_flops(op), **kw)
+    shape = _gemm_shape(op)
+    if shape is None:
+        return [gemm]
+    if shape.precision == "fp32" and gemm_split_k(shape):
+        gemm.confidence, gemm.reason = "low", "full-precision fp32 cuBLAS: split-K choices vary by shape"
+    if gemm_memset(shape, ctx.sms):
+        why = "cuBLAS persistent kernel over more than two waves of tiles zeroes a workspace first"
+        return [_kernel(op, "memset", "memset (cuBLAS workspace)", reads=[], writes=[], reason=why), gemm]
+    if gemm_split_k(shape):
+        why = "few output tiles and a long K: cuBLAS splits K and reduces the partial products"
+        reduce = _kernel(op, "matmul", "splitKreduce (cuBLAS)", reads=[], writes=[], confidence=gemm.confidence,
+                         reason=why)
+        return [gemm, reduce]
+    return [gemm]
+
+
 def matmul(op, ctx):
-    """cuBLAS: one GEMM kernel. Skinny shapes may add a split-K reduce kernel (low confidence)."""
+    """cuBLAS: one GEMM kernel, plus a workspace memset or a split-K reduce where cuBLAS adds one."""
     if _empty(op):
         return []
-    return [_kernel(op, "matmul", "gemm (cuBLAS)", flops=_gemm_flops(op))]
+    return _gemm_kernels(op, ctx, "gemm (cuBLAS)")
 
 
 def addmm(op, ctx):
@@ -240,13 +280,12 @@ def addmm(op, ctx):
         return []
     bias = op.args["self"]
     out = op.outputs[0]
-    fusable = len(bias.shape) == 1 and bias.is_contiguous and op.args.get("beta", 1) == 1 and out.shape[0] > 1
-    gemm = _kernel(op, "matmul", "gemm+bias (cuBLASLt)" if fusable else "gemm (cuBLAS)", flops=_gemm_flops(op))
+    fusable = len(bias.shape) == 1 and bias.is_contiguous and op.args.get("beta", 1) == 1
     if fusable:
-        return [gemm]
+        return _gemm_kernels(op, ctx, "gemm+bias (cuBLASLt)")
     copy = _kernel(op, "copy", "copy bias into output", reads=[bias], writes=[out])
-    gemm.reads = [t for t in gemm.reads if t.region != bias.region] + [out]
-    return [copy, gemm]
+    reads = [t for t in op.inputs if t.region != bias.region] + [out]
+    return [copy] + _gemm_kernels(op, ctx, "gemm (cuBLAS)", reads=reads)
 
 
 def _sdpa_backend(q: TensorInfo, ctx: Context) -> str:
@@ -276,10 +315,27 @@ def sdpa(op, ctx):
 
 
 def sdpa_backward(op, ctx):
-    q = op.inputs[1] if len(op.inputs) > 1 else op.inputs[0]
+    """cuDNN: zero the dQ accumulator (memset), dO.O row sums, the backward kernel, dQ cast to 16 bits;
+    with fewer key/value heads than query heads (GQA) two more kernels sum dK and dV over each group.
+    Flash and efficient backends: one kernel at low confidence."""
+    q, k = op.args.get("query"), op.args.get("key")
+    if not isinstance(q, TensorInfo):
+        q = op.inputs[1] if len(op.inputs) > 1 else op.inputs[0]
     backend = _sdpa_backend(q, ctx)
-    return [_kernel(op, "attention", f"attention backward ({backend})", confidence="low",
-                    reason=f"{backend} backward may add preprocessing kernels and memsets")]
+    if backend != "cudnn":
+        return [_kernel(op, "attention", f"attention backward ({backend})", confidence="low",
+                        reason=f"{backend} backward may add preprocessing kernels and memsets")]
+    why = "cuDNN SDPA backward (recorded on the H200)"
+    helper = dict(reads=[], writes=[], reason=why)
+    specs = [_kernel(op, "memset", "memset (cuDNN dQ accumulator)", **helper),
+             _kernel(op, "other", "dO.O row sums (cuDNN)", **helper),
+             _kernel(op, "attention", "attention backward (cudnn)", flops=2.5 * _sdpa_flops(
+                 q, k if isinstance(k, TensorInfo) else q, bool(op.args.get("is_causal", False)))),
+             _kernel(op, "other", "dQ to 16 bits (cuDNN)", **helper)]
+    if isinstance(k, TensorInfo) and len(k.shape) >= 3 and k.shape[-3] < q.shape[-3]:
+        specs += [_kernel(op, "attention", f"sum {name} over query-head groups (cuDNN)", **helper)
+                  for name in ("dK", "dV")]
+    return specs
 
 
 def batch_norm(op, ctx):
@@ -384,25 +440,120 @@ def topk(op, ctx):
 
 
 def embedding_backward(op, ctx):
-    """Sort the indices (cub radix sort, one pass per index byte), find segments, then sum rows."""
+    """ATen's CUDA embedding backward (library_rules): up to 3072 indices, zero the gradient and run
+    one feature kernel; more, arange + cub radix sort of the indices (one 8-bit pass per key byte),
+    zero the gradient, find segments (unique + scan), then either per-segment partial sums and a
+    sum-and-scatter pass, or one fused atomic pass (through a float32 buffer for 16-bit grads)."""
     if _empty(op):
         return []
-    indices = op.args.get("indices")
+    indices, grad = op.args.get("indices"), op.args.get("grad_output") or op.inputs[0]
+    n = indices.numel if isinstance(indices, TensorInfo) else grad.numel // max(grad.shape[-1], 1)
+    if n <= EMBEDDING_FEATURE_KERNEL_MAX_INDICES and not op.args.get("scale_grad_by_freq"):
+        return _series(op, ["fill", "index"], "few indices: one feature kernel (embedding_backward_feature_kernel)")
     passes = indices.itemsize if isinstance(indices, TensorInfo) else 8
-    sort_passes = ["memset", "sort"] * passes
-    cats = ["fill", "memset", "memset", "sort", "sort"] + sort_passes + [
-        "fill", "index", "index", "index", "scan", "scan", "index", "index", "index", "index"]
-    return _series(op, cats, "cub radix sort of the indices, segment scan, then per-segment sums")
+    cats = ["fill", "memset", "memset", "sort", "sort"] + ["memset", "sort"] * passes + [
+        "fill", "index", "index", "index", "scan", "scan", "index", "index"]
+    width = grad.shape[-1] if grad.shape else 1
+    if embedding_backward_fused(n, int(op.args.get("num_weights", n)), width, ctx.sms):
+        half = grad.dtype in ("float16", "bfloat16")
+        cats += ["index"] + (["fill", "index", "copy"] if half else ["index"])
+        why = "sorted indices, then one fused atomic accumulation (few segments)"
+    else:
+        cats += ["index", "index"]
+        why = "sorted indices, per-segment partial sums, then sum and scatter"
+    return _series(op, cats, why)
+
+
+def _conv_geometry(op: OpRecord):
+    w = op.args.get("weight")
+    kernel = tuple(w.shape[2:]) if isinstance(w, TensorInfo) else ()
+    stride = tuple(op.args.get("stride") or (1,) * len(kernel))
+    padding = tuple(op.args.get("padding") or (0,) * len(kernel))
+    return w, kernel, stride, padding, int(op.args.get("groups", 1))
+
+
+def _conv_gemm(op, ctx, name: str, m: int, n: int, k: int, dtype: str) -> list[KernelSpec]:
+    """A 1x1 convolution's product, with the workspace memset / split-K reduce cuBLAS adds."""
+    precision = "half" if dtype in ("float16", "bfloat16") else "tf32"  # cuDNN convs allow TF32
+    shape = Gemm(1, m, n, k, precision)
+    gemm = _kernel(op, "matmul", name)
+    if gemm_memset(shape, ctx.sms):
+        return [_kernel(op, "memset", "memset (cuBLAS workspace)", reads=[], writes=[]), gemm]
+    if gemm_split_k(shape):
+        return [gemm, _kernel(op, "matmul", "splitKreduce (cuBLAS)", reads=[], writes=[])]
+    return [gemm]
 
 
 def convolution(op, ctx):
-    """cuDNN on NCHW float32: input and weight transposed to NHWC, then the conv kernel."""
+    """cuDNN (library_rules): a 1x1 stride-1 convolution is a cuBLAS GEMM; float32 depthwise runs
+    ATen's own kernel; NCHW float32 input and weight are transposed to NHWC first (two copies) for
+    all but small channel counts; a bias is added by a separate elementwise kernel."""
     if _empty(op):
         return []
-    x = op.args.get("input")
-    nchw = isinstance(x, TensorInfo) and len(x.shape) == 4 and x.is_contiguous
-    cats = ["copy", "copy", "conv"] if nchw and x.dtype == "float32" else ["conv"]
-    return _series(op, cats, "cuDNN picks the algorithm and layout transposes at run time")
+    x, out = op.args.get("input"), op.outputs[0]
+    w, kernel, stride, padding, groups = _conv_geometry(op)
+    if not isinstance(x, TensorInfo) or w is None or len(x.shape) != 4:
+        return _series(op, ["conv"], "cuDNN picks the algorithm and layout transposes at run time")
+    cin, cout = x.shape[1], w.shape[0]
+    depthwise = groups > 1 and groups == cin
+    has_bias = isinstance(op.args.get("bias"), TensorInfo)
+    if conv_runs_as_gemm(kernel, stride, padding, groups):
+        pixels = x.numel // max(cin, 1)
+        specs = _conv_gemm(op, ctx, "1x1 conv as GEMM (cuBLAS)", pixels, cout, cin, x.dtype)
+    elif depthwise and x.dtype == "float32":
+        return [_kernel(op, "conv", "depthwise conv (ATen)")]
+    elif x.is_contiguous and x.dtype == "float32" and conv_nchw_fp32_transposes(cin, cout):
+        specs = _series(op, ["copy", "copy", "conv"], "cuDNN transposes NCHW float32 to NHWC")
+    else:
+        specs = [_kernel(op, "conv", "conv (cuDNN)", confidence="low",
+                         reason="cuDNN picks the algorithm and layout transposes at run time")]
+    if has_bias:
+        specs.append(_kernel(op, "pointwise", "add bias", reads=[out], writes=[out]))
+    return specs
+
+
+def convolution_backward(op, ctx):
+    """A non-contiguous dy is copied first; then the data gradient and the weight gradient (cuBLAS
+    GEMMs for 1x1 convolutions, cuDNN kernels otherwise), then the bias gradient's reduction."""
+    if _empty(op):
+        return []
+    dy, x = op.args.get("grad_output"), op.args.get("input")
+    w, kernel, stride, padding, groups = _conv_geometry(op)
+    mask = list(op.args.get("output_mask") or (True, True, True))
+    specs = []
+    if isinstance(dy, TensorInfo) and not (dy.is_contiguous or _channels_last(dy)):
+        specs.append(_kernel(op, "copy", "dy made contiguous", reads=[dy], writes=[]))
+    as_gemm = isinstance(x, TensorInfo) and len(x.shape) == 4 and conv_runs_as_gemm(kernel, stride, padding, groups)
+    if as_gemm:
+        cin, cout, pixels = x.shape[1], w.shape[0], x.numel // max(x.shape[1], 1)
+        if mask[0]:
+            specs += _conv_gemm(op, ctx, "dgrad GEMM (cuBLAS)", pixels, cin, cout, x.dtype)
+        if mask[1]:
+            specs += _conv_gemm(op, ctx, "wgrad GEMM (cuBLAS)", cout, cin, pixels, x.dtype)
+    else:
+        why = "cuDNN picks the data/weight gradient algorithms (and their helpers) at run time"
+        specs += [_kernel(op, "conv", name, confidence="low", reason=why)
+                  for name, wanted in (("dgrad (cuDNN)", mask[0]), ("wgrad (cuDNN)", mask[1])) if wanted]
+    if len(mask) > 2 and mask[2]:
+        specs.append(_kernel(op, "reduction", "bias gradient (sum over N, H, W)"))
+    return specs
+
+
+def _channels_last(t: TensorInfo) -> bool:
+    """Dense NHWC: strides (H*W*C, 1, W*C, C)."""
+    if len(t.shape) != 4:
+        return False
+    n, c, h, w = t.shape
+    return tuple(t.stride) == (h * w * c, 1, w * c, c)
+
+
+def slice_backward(op, ctx):
+    """select/slice backward: a zero-filled gradient of the input's size, then the slice copied in."""
+    if _empty(op):
+        return []
+    grad, out = op.inputs[0], op.outputs[0]
+    return [_kernel(op, "fill", "zeros", reads=[], writes=[out]),
+            _kernel(op, "copy", "copy into the slice", reads=[grad], writes=[])]
 
 
 def mse_loss(op, ctx):
@@ -483,8 +634,11 @@ RULES: dict[str, Rule] = {
     # matmul, convolution, attention
     "aten.mm": matmul, "aten.bmm": matmul, "aten.mv": matmul, "aten.dot": matmul,
     "aten.addmm": addmm, "aten.baddbmm": matmul, "aten.addmv": matmul, "aten._addmm_activation": matmul,
+    "aten._grouped_mm": sequence(["matmul", "matmul"], "grouped GEMM: a kernel preparing the per-group "
+                                 "problem descriptors, then the CUTLASS grouped GEMM"),
     "aten.convolution": convolution,
-    "aten.convolution_backward": low("conv", "cuDNN backward: data and weight gradients, maybe a bias reduce", 2),
+    "aten.convolution_backward": convolution_backward,
+    "aten.slice_backward": slice_backward, "aten.select_backward": slice_backward,
     "aten.scaled_dot_product_attention": sdpa,
     "aten._scaled_dot_product_flash_attention_for_cpu": sdpa,
     "aten._scaled_dot_product_flash_attention_for_cpu_backward": sdpa_backward,
