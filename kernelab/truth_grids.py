@@ -322,3 +322,47 @@ def zoo_programs(size: str = "bench", names=None) -> dict[str, Program]:
             f"zoo_{name}_train", f"{zm.summary[size]}; one training step, {str(zm.dtype)[6:]}",
             build.target, build.args)
     return programs
+
+
+# ----------------------------------------------------------------------------- prediction vs truth
+
+def recorded_categories(kernels: list[dict]) -> list[str]:
+    """The category sequence of recorded kernels: memops by their kind, kernels by category."""
+    return [k["category"] if k["kind"] == "kernel" else k["kind"] for k in kernels]
+
+
+def family(name: str) -> str:
+    """``gemm_linear_bf16_...`` -> ``gemm``; ``zoo_gpt2_train`` -> ``zoo``."""
+    return name.split("_")[0]
+
+
+def compare(truth: dict, programs: dict[str, Program], mode: str) -> list[dict]:
+    """Predict every recorded program of ``truth`` (a tests/data JSON) in ``mode`` on this machine and
+    compare with the GPU: one row per program with the family, both category sequences, whether they
+    are equal, and the category overlap (shared kernels / the larger count)."""
+    from collections import Counter
+
+    from .api import count
+
+    rows = []
+    for name, entry in sorted(truth["programs"].items()):
+        if not entry.get(mode) or name not in programs:
+            continue
+        program = programs[name]
+        predicted = count(program.make_target(), *program.make_args(), mode=mode, predict=True).categories
+        recorded = recorded_categories(entry[mode])
+        shared = sum((Counter(recorded) & Counter(predicted)).values())
+        rows.append({"program": name, "family": family(name), "mode": mode, "recorded": recorded,
+                     "predicted": predicted, "exact": recorded == predicted,
+                     "overlap": shared / max(len(recorded), len(predicted), 1)})
+    return rows
+
+
+def accuracy(rows: list[dict]) -> dict[str, tuple[int, int]]:
+    """family -> (exact, programs), plus "all"."""
+    table: dict[str, list[int]] = {}
+    for row in rows:
+        for key in (row["family"], "all"):
+            exact, total = table.setdefault(key, [0, 0])
+            table[key] = [exact + row["exact"], total + 1]
+    return {k: (v[0], v[1]) for k, v in table.items()}
