@@ -24,8 +24,8 @@ COOP_WAVES_BEFORE_MEMSET = 2
 # Split-K (a GEMM kernel, then cublasLt's splitKreduce_kernel): few 64x64 output tiles and a long K.
 SPLITK_TILE = 64
 SPLITK_HALF = dict(min_k=3072, max_m=512, max_tiles=128, min_k_per_tile=32)
-SPLITK_TF32 = dict(min_k=0, max_m=1 << 30, max_tiles=32, min_k_per_tile=128)
-SPLITK_FP32 = dict(min_k=0, max_m=1 << 30, max_tiles=64, min_k_per_tile=64)
+SPLITK_TF32 = dict(min_k=768, max_m=1 << 30, max_tiles=32, min_k_per_tile=128)
+SPLITK_FP32 = dict(min_k=384, max_m=1 << 30, max_tiles=64, min_k_per_tile=64)
 
 
 @dataclass(frozen=True)
