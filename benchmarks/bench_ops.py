@@ -146,6 +146,8 @@ def main() -> int:
     p.add_argument("--grid", choices=("pow2", "model", "all"), default="pow2",
                    help="the shapes: powers of two, the widths of real models, or both (kernelab.bench.specs)")
     p.add_argument("--skip-checks", action="store_true")
+    p.add_argument("--graph", action="store_true",
+                   help="also time each case's GPU work alone (one CUDA graph of many calls: graph_ms) and the host's cost per call (host_us)")
     p.add_argument("--variants-s", type=float, default=0.0, help="seconds for kernelab-only launch-setting variants, run last")
     p.add_argument("--timer", choices=("do_bench", "kernels"), default="do_bench",
                    help="--tune-s only: do_bench (what a caller waits, host included) or the kernels' summed GPU time")
@@ -215,7 +217,8 @@ def main() -> int:
     console.print(f"compile-ahead done  [{time.monotonic() - t0:.0f}s]")
 
     cases = runner.cases(args.ops, dtype, grid=args.grid)
-    rows = runner.run(cases, device=device, copy=copy, deadline=t0 + args.budget_s, console=console)
+    extra = {"graph_ms": timing.graph_ms, "host_us": timing.host_us} if args.graph else None
+    rows = runner.run(cases, device=device, copy=copy, deadline=t0 + args.budget_s, console=console, extra_timers=extra)
     report.append_csv(rows, args.out)
     report.plot(rows, args.out)
     if args.variants_s > 0:
@@ -223,6 +226,7 @@ def main() -> int:
         report.append_csv(variants, args.out, name="ops_variants.csv")
     console.print(f"total {time.monotonic() - t0:.0f}s")
     report.table(rows, console)
+    report.wins_table(rows, console)
     return 0
 
 

@@ -12,8 +12,9 @@ Per shape (tokens N x hidden H x vocab V; weight [V, H], no bias, every 16th tar
    returned gradients included: every provider returns the same two);
 3. time of that step: kernelab.bench.timing.time_ms (triton's do_bench, median).
 
-Providers: kernelab (default chunk), kernelab at Liger's chunk size (the same algorithm with less
-memory: the time/memory trade of the chunk), eager (F.linear then F.cross_entropy on .float()
+Providers: kernelab (default: vocabulary chunks, memory within N x H elements as Liger's),
+kernelab@tokens (token chunks over the whole vocabulary, CHUNK_BYTES of logits: no recomputed
+matmul, more memory), kernelab at Liger's chunk size (token chunks of Liger's rows), eager (F.linear then F.cross_entropy on .float()
 logits, as Hugging Face computes the loss), torch.compile of that eager function (a fresh static
 compile per shape, compiled by the correctness call) and Liger's LigerFusedLinearCrossEntropyLoss
 when it imports ("not installed" otherwise). Cases that would start after --budget-s are skipped
@@ -43,12 +44,6 @@ FIELDS = ["date", "gpu", "torch", "triton", "liger", "dtype", "shape", "provider
 COMPILE_S = 40
 
 
-def liger_chunk_rows(n: int, h: int, v: int) -> int:
-    """Liger-Kernel's chunk: next_pow2(ceil(N / ceil(V / H))) rows (chunk logits near N x H elements)."""
-    rows = -(-n // -(-v // h))
-    return 1 << max(0, rows - 1).bit_length()
-
-
 def eager(hidden, weight, target):
     return F.cross_entropy(F.linear(hidden, weight).float(), target)
 
@@ -71,11 +66,15 @@ def liger_loss():
 def providers(n: int, h: int, v: int, liger) -> dict:
     """name -> (fn(hidden, weight, target) -> loss, chunk rows or "")."""
     import kernelab.ops as K
-    from kernelab.ops.linear_cross_entropy import chunk_rows_for
+    from kernelab.ops.linear_cross_entropy import chunk_rows_for, chunk_shape_for, liger_chunk_rows
 
-    default_rows, liger_rows = chunk_rows_for(n, v, 2), liger_chunk_rows(n, h, v)
+    rows, cols = chunk_shape_for(n, h, v, 2)
+    token_rows, liger_rows = chunk_rows_for(n, v, 2), liger_chunk_rows(n, h, v)
     return {
-        "kernelab": (lambda a, b, c: K.linear_cross_entropy(a, b, c), default_rows),
+        # default: blocks of N/4 token rows, ``cols`` classes a chunk (memory within N x H elements)
+        "kernelab": (lambda a, b, c: K.linear_cross_entropy(a, b, c), f"{rows}x{cols}"),
+        # token chunks over the whole vocabulary: CHUNK_BYTES of logits, no recomputed matmul
+        "kernelab@tokens": (lambda a, b, c: K.linear_cross_entropy(a, b, c, chunk_rows=token_rows), token_rows),
         "kernelab@liger-chunk": (lambda a, b, c: K.linear_cross_entropy(a, b, c, chunk_rows=liger_rows), liger_rows),
         "eager": (eager, ""),
         "liger": (liger, liger_rows) if liger else None,

@@ -53,18 +53,27 @@ def settings(backward: bool) -> dict:
     from kernelab.ops.norms import NormConfig
 
     if not backward:
-        return {"default": None, "fwd 32 a thread": NormConfig(fwd_per_thread=32),
-                "fwd 8 a thread": NormConfig(fwd_per_thread=8)}
+        # the forward is one row per program at 2048-16384 columns, BLOCK_N the next power of two:
+        # at 5120-6144 a program holds 10-12 KB of x in 16 warps; more rows or fewer warps a program
+        # put more bytes in flight per SM
+        # (DEFAULT: 32 a thread at 2049-8192 columns since results/norm_tune_fwd_h200.csv, else the rule)
+        return {"default": None, "fwd 16 a thread": NormConfig(fwd_per_thread=16),
+                "fwd 32 a thread": NormConfig(fwd_per_thread=32),
+                "fwd 8 a thread": NormConfig(fwd_per_thread=8),
+                "fwd 16384-element tiles": NormConfig(fwd_tile=16384),
+                "fwd 16384 tiles, 32 a thread": NormConfig(fwd_tile=16384, fwd_per_thread=32)}
     return {
+        # DEFAULT: as many programs as the compiled kernel keeps resident, two row blocks in flight
+        # per program (3 stages): the best setting at 7 of 8 shapes in results/norm_tune_graph_h200.csv
         "default": None,
-        # the previous default: 4 programs an SM whatever the kernel's occupancy (2-4 waves at 2560+)
-        "4/SM in waves": NormConfig(bwd_one_wave=False),
-        # exactly as many programs as the compiled kernel keeps resident (more than 4 at 768-2048)
-        "resident": NormConfig(bwd_programs_per_sm=None),
-        # two row blocks in flight per program instead of one
-        "resident 3 stages": NormConfig(bwd_programs_per_sm=None, bwd_stages=3),
+        # the first default: 4 programs an SM whatever the kernel's occupancy (2-4 waves at 2560+)
+        "4/SM in waves": NormConfig(bwd_programs_per_sm=4, bwd_stages=2, bwd_one_wave=False),
+        # the stop-12 default: at most 4 an SM and at most one wave, one row block in flight
+        "4/SM 2 stages": NormConfig(bwd_programs_per_sm=4, bwd_stages=2),
+        # resident, one row block in flight
+        "resident 2 stages": NormConfig(bwd_stages=2),
         # w loaded once per program, not per row (a third less L2 -> SM traffic)
-        "resident w held": NormConfig(bwd_programs_per_sm=None, bwd_hold_w=True),
+        "resident w held": NormConfig(bwd_hold_w=True),
         # "atomic" (dw, db by atomics finished by the last program) measured wrong on the H200 for
         # layer_norm (norm_tune_h200.log): refused on GPUs (norms._refuse_on_gpu), left out here
     }

@@ -69,6 +69,45 @@ def table(rows: list[Row], console=None, title: str = "TB/s (bytes as in BASELIN
     return t
 
 
+def best_peer_ratios(rows: list[Row], field: str = "ms") -> dict[tuple, float]:
+    """(op, shape, pass) -> kernelab's speed-up over the fastest peer (eager, compile, Liger) by
+    ``field`` ("ms": do_bench, host included; "graph_ms": GPU time alone), where both were timed."""
+    groups: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        value = getattr(r, field, None)
+        if value and r.status == "ok":
+            groups.setdefault((r.op, r.shape, r.pass_), {})[r.provider] = value
+    out = {}
+    for key, by in groups.items():
+        peers = [v for p, v in by.items() if p in ("eager", "compile", "liger")]
+        if "kernelab" in by and peers:
+            out[key] = min(peers) / by["kernelab"]
+    return out
+
+
+def wins_table(rows: list[Row], console=None):
+    """Per (op, pass): shapes where kernelab is >= the fastest peer, by do_bench and by GPU time
+    alone (graph_ms, where timed), with the worst and the geometric-mean ratio."""
+    import math
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    t = Table(title="kernelab vs the fastest of eager / torch.compile / Liger (x = its time / kernelab's)")
+    for col in ("op", "pass", "timer", "wins", "min x", "geomean x"):
+        t.add_column(col)
+    for field, label in (("ms", "do_bench"), ("graph_ms", "GPU only")):
+        by_group: dict[tuple, list[float]] = {}
+        for (op, _, pass_), x in best_peer_ratios(rows, field).items():
+            by_group.setdefault((op, pass_), []).append(x)
+        for (op, pass_), xs in sorted(by_group.items()):
+            geo = math.exp(sum(map(math.log, xs)) / len(xs))
+            t.add_row(op, pass_, label, f"{sum(x >= 1.0 for x in xs)}/{len(xs)}", f"{min(xs):.2f}", f"{geo:.2f}")
+    console.print(t)
+    return t
+
+
 def plot(rows: list[Row], out_dir: str | os.PathLike) -> list[Path]:
     """One PNG per op: TB/s against row length, a panel per pass, the copy ceiling dashed."""
     import matplotlib

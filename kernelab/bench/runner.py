@@ -168,8 +168,9 @@ def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict,
             for field, extra in (extra_timers or {}).items():
                 setattr(row, field, extra(step, sets))
             del sets
-            row.tbps = nbytes / (row.ms * 1e-3) / 1e12
-            row.pct_copy = 100.0 * row.tbps / copy if copy else None
+            if row.ms:  # an untimed run (a compile-ahead worker's timer) reports 0 ms
+                row.tbps = nbytes / (row.ms * 1e-3) / 1e12
+                row.pct_copy = 100.0 * row.tbps / copy if copy else None
         except Exception as e:  # noqa: BLE001 - a provider failing is a result, not a crash
             row.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         rows.append(row)
@@ -181,18 +182,21 @@ def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict,
 
 
 def _ratios(rows: list[Row]) -> None:
-    """Speed-up of each provider over each peer (peer ms / own ms), where both were timed."""
-    ms = {r.provider: r.ms for r in rows if r.ms is not None and not r.status.startswith("error")}
+    """Speed-up of each provider over each peer (peer ms / own ms), where both were timed (an
+    untimed run, e.g. a compile-ahead worker's, reports 0 ms and gets no ratio)."""
+    ms = {r.provider: r.ms for r in rows if r.ms and not r.status.startswith("error")}
     for r in rows:
-        if r.ms is None:
+        if not r.ms:
             continue
         for peer in ("eager", "compile", "liger"):
             if peer in ms and peer != r.provider:
                 setattr(r, f"vs_{peer}", ms[peer] / r.ms)
 
 
-def run(case_list: list[Case], wanted=PROVIDERS, device=None, copy: float | None = None, deadline: float | None = None, console=None) -> list[Row]:
-    """Run every case with a progress bar; cases past ``deadline`` (time.monotonic) are skipped."""
+def run(case_list: list[Case], wanted=PROVIDERS, device=None, copy: float | None = None, deadline: float | None = None, console=None,
+        extra_timers: dict | None = None) -> list[Row]:
+    """Run every case with a progress bar; cases past ``deadline`` (time.monotonic) are skipped.
+    ``extra_timers``: Row field -> timer (e.g. ``{"graph_ms": timing.graph_ms}``), run after the main one."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     device = device or torch.device("cuda")
@@ -210,5 +214,5 @@ def run(case_list: list[Case], wanted=PROVIDERS, device=None, copy: float | None
                                 dtype=str(case.dtype).replace("torch.", ""), pass_=PASSES[case.backward], provider="all",
                                 status="skipped (time budget)", ms=None, bytes=0, tbps=None, pct_copy=None, copy_tbps=copy))
                 continue
-            rows += run_case(case, wanted, device, env, copy, progress, task)
+            rows += run_case(case, wanted, device, env, copy, progress, task, extra_timers=extra_timers)
     return rows

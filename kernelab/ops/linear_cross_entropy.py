@@ -18,6 +18,23 @@ Traffic per chunk: the chunk's logits are written once by the matmul, read twice
 by the kernel, read twice by the two gradient matmuls; dW is read and written once per chunk
 (a [V, H] read-modify-write: fewer, larger chunks move less), dhidden written once.
 
+Vocabulary chunks (``vocab_chunk`` < V; the default): the [R, V] chunk above is R x V elements
+beside the gradients, where Liger-Kernel holds about N x H. Here a block of R token rows is
+processed C classes at a time, twice:
+
+    pass 1, for each class chunk c:  logits_c = hidden_b @ W_c.T (+ bias_c)      [R, C]
+        one kernel merges the chunk's logsumexp, logit sum and target logit into the rows' running
+        statistics; the last chunk turns them into loss_i
+    pass 2, for each class chunk c:  logits_c recomputed, overwritten in place with dlogits_c
+        dhidden_b += dlogits_c @ W_c       float32 accumulator [R, H] (cuBLAS, beta = 1)
+        dW_c      (+)= dlogits_c.T @ hidden_b   [C, H] rows of dW: written by the first block,
+                                                 accumulated by later ones (beta = 1)
+
+Memory beside the gradients: [R, C] logits and the [R, H] float32 accumulator, both sized by
+:func:`chunk_shape_for` to fit N x H input-dtype elements. Cost: the logits matmul twice (4 matmuls
+of N x H x V instead of 3), dW read and written once per token block (4 blocks), every chunk's
+matmuls large enough for the tensor cores.
+
 For reductions "mean" and "sum" the gradient is computed in the forward (as Liger-Kernel does: the
 targets, hence the mean's divisor, are known) and the backward multiplies it by grad_output, in
 place, skipping the multiplication when grad_output == 1 (``loss.backward()``: x * 1 == x exactly).
@@ -55,6 +72,35 @@ SCALE_BLOCK = 4096
 SCALE_PER_SM = 4
 
 
+#: Token blocks of the vocabulary-chunked path: N is cut into this many blocks (rows a multiple of
+#: 128 when above 512), so the float32 dhidden accumulator is N x H / BLOCKS floats.
+VOCAB_PATH_BLOCKS = 4
+
+
+def liger_chunk_rows(n: int, h: int, v: int) -> int:
+    """Liger-Kernel's token chunk for its fused linear cross-entropy: next_pow2(ceil(N / ceil(V / H)))
+    rows of V logits (near N x H elements), the memory it holds beside the gradients."""
+    rows = -(-n // max(1, -(-v // max(1, h))))
+    return 1 << max(0, rows - 1).bit_length()
+
+
+def chunk_shape_for(n: int, h: int, v: int, elem_size: int) -> tuple[int, int]:
+    """(rows, classes) per chunk of the default, vocabulary-chunked path. Memory beside the
+    gradients within Liger-Kernel's chunk ([liger_chunk_rows, V] logits, at most N x V): half for
+    the [rows, H] float32 accumulator of dhidden (rows a quarter of N past 512 rows, a multiple of
+    128, fewer if H is wide), half for the [rows, classes] logits. Classes a multiple of 128 (at
+    least 128, at most V: V means one chunk, the token path). Matmul launches scale as N x V over
+    this budget: smaller budgets cost host time (more, smaller chunks)."""
+    budget = min(liger_chunk_rows(n, h, v), max(n, 1)) * max(v, 1) * elem_size // 2
+    rows = n if n <= 512 else _common.cdiv(_common.cdiv(n, VOCAB_PATH_BLOCKS), 128) * 128
+    if rows > 512 and rows * h * 4 > budget:
+        rows = max(128, budget // (h * 4) // 128 * 128)
+    rows = max(1, min(n, rows))
+    cols = budget // (rows * elem_size)
+    cols = max(128, cols - cols % 128)
+    return rows, min(max(v, 1), cols)
+
+
 def chunk_rows_for(n: int, v: int, elem_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     """Rows per chunk: as many as fit ``chunk_bytes`` of [rows, v] logits, a multiple of 128 when
     at least 128 (tensor-core friendly inner dimension of dW's matmul), at least 1, at most n."""
@@ -86,10 +132,7 @@ def _lce_kernel(
     loss = row_loss(lse, x_t, 1.0, x_sum, x_row, t, valid, C, ignore_index, smoothing, False, SMOOTH)
     tl.store(loss_ptr + row, loss)
     if GRAD:
-        scale = tl.load(scale_ptr + row * stride_scale).to(tl.float32) if SCALED else 1.0
-        if MEAN:
-            scale = scale / tl.load(denom_ptr)
-        scale = row_scale(scale, t, valid, ignore_index)
+        scale = _grad_scale(scale_ptr, stride_scale, denom_ptr, row, t, valid, ignore_index, SCALED, MEAN)
         cols = tl.arange(0, BLOCK_C)
         # pass 2: re-read each chunk of the row, write its gradient over it
         for start in tl.range(0, C, BLOCK_C, num_stages=STAGES):
@@ -97,6 +140,76 @@ def _lce_kernel(
             x = tl.load(x_row + idx, mask=idx < C, other=0.0).to(tl.float32)
             dx = logit_grad(x, idx, t, lse, 1.0, x_row, x_row, C, smoothing, False, SMOOTH)
             tl.store(x_row + idx, (dx * scale).to(x_ptr.dtype.element_ty), mask=idx < C)
+
+
+@triton.jit
+def _grad_scale(scale_ptr, stride_scale, denom_ptr, row, t, valid, ignore_index, SCALED: tl.constexpr,
+                MEAN: tl.constexpr):
+    """The row's gradient scale: grad_output (SCALED: per row or 0-d, else 1) / denom (MEAN), 0 for
+    an ignored row, NaN for a target outside the classes."""
+    scale = tl.load(scale_ptr + row * stride_scale).to(tl.float32) if SCALED else 1.0
+    if MEAN:
+        scale = scale / tl.load(denom_ptr)
+    return row_scale(scale, t, valid, ignore_index)
+
+
+@triton.jit
+def _chunk_stats_kernel(
+    x_ptr, target_ptr, stats_ptr, loss_ptr,
+    stride_x,
+    c0, CC, V,
+    ignore_index, smoothing,
+    FIRST: tl.constexpr, LAST: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr,
+):
+    """Pass 1 of the vocabulary-chunked path, one row of a [R, CC] chunk of logits (classes c0 ..
+    c0 + CC of V) per program: the chunk's logsumexp, logit sum (SMOOTH) and the target's logit
+    (when the target is in the chunk) merged into the row's running [lse, sum, x_t] (float32,
+    ``stats``); the LAST chunk writes loss_i and leaves lse for pass 2. The chunk is read once."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    st = stats_ptr + row * 3
+    t, valid, _ = target_of(target_ptr + row, V)
+    local = t - c0
+    here = (local >= 0) & (local < CC)
+    x_t = tl.load(x_row + tl.where(here, local, 0)).to(tl.float32)
+    lse, x_sum = row_lse(x_row, x_row, CC, False, SMOOTH, BLOCK_C, STAGES)
+    if not FIRST:
+        # log(e^a + e^b) around the larger one (-inf only if both are: an all -inf row)
+        prev = tl.load(st)
+        hi = tl.maximum(prev, lse)
+        hi = tl.where(hi == float("-inf"), 0.0, hi)
+        lse = hi + tl.log(tl.exp(prev - hi) + tl.exp(lse - hi))
+        x_sum += tl.load(st + 1)
+        x_t = tl.where(here, x_t, tl.load(st + 2))
+    if LAST:
+        tl.store(loss_ptr + row, row_loss(lse, x_t, 1.0, x_sum, x_row, t, valid, V, ignore_index, smoothing,
+                                          False, SMOOTH))
+    tl.store(st, lse)
+    tl.store(st + 1, x_sum)
+    tl.store(st + 2, x_t)
+
+
+@triton.jit
+def _chunk_grad_kernel(
+    x_ptr, target_ptr, stats_ptr, scale_ptr, denom_ptr,
+    stride_x, stride_scale,
+    c0, CC, V,
+    ignore_index, smoothing,
+    SMOOTH: tl.constexpr, SCALED: tl.constexpr, MEAN: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr,
+):
+    """Pass 2, one row of a [R, CC] chunk per program: the logits overwritten in place by
+    d loss / d logits (the row's lse from pass 1). Read once, written once."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    t, valid, _ = target_of(target_ptr + row, V)
+    lse = tl.load(stats_ptr + row * 3)
+    scale = _grad_scale(scale_ptr, stride_scale, denom_ptr, row, t, valid, ignore_index, SCALED, MEAN)
+    cols = tl.arange(0, BLOCK_C)
+    for start in tl.range(0, CC, BLOCK_C, num_stages=STAGES):
+        idx = start + cols
+        x = tl.load(x_row + idx, mask=idx < CC, other=0.0).to(tl.float32)
+        dx = logit_grad(x, c0 + idx, t, lse, 1.0, x_row, x_row, V, smoothing, False, SMOOTH)
+        tl.store(x_row + idx, (dx * scale).to(x_ptr.dtype.element_ty), mask=idx < CC)
 
 
 @triton.jit
@@ -172,6 +285,114 @@ def _chunk_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ig
     return dh, dw, None if db is None else db.to(bias.dtype)
 
 
+@functools.lru_cache(maxsize=1024)
+def _chunk_launches(cc: int, r: int, sms: int, smooth: bool, scaled: bool, mean: bool, rule: tuple):
+    """(stats launch by (first, last), grad launch) of the vocabulary-chunked path's kernels over
+    [r, cc] chunks on ``sms`` SMs, ``rule`` as in ``_rows_launch`` (cached: host time per call)."""
+    block, few_block, few_per_sm = rule
+    block_c = min(_common.next_pow2(cc), few_block if r < few_per_sm * sms else block)
+    warps = _common.warps_for(block_c)
+    stats = {(first, last): _common.prepared(_chunk_stats_kernel, FIRST=first, LAST=last, SMOOTH=smooth,
+                                             BLOCK_C=block_c, STAGES=_common.STAGES, num_warps=warps)
+             for first in (False, True) for last in (False, True)}
+    grad = _common.prepared(_chunk_grad_kernel, SMOOTH=smooth, SCALED=scaled, MEAN=mean, BLOCK_C=block_c,
+                            STAGES=_common.STAGES, num_warps=warps)
+    return stats, grad
+
+
+def _mm_float32(acc, a, b, first: bool) -> None:
+    """acc (float32) = a @ b (first) or += a @ b, for a and b in the input dtype: cuBLAS with a
+    float32 output (beta = 1 for the sum), never a rounding to the input dtype between chunks.
+    CPU tensors (the interpreter's tests) have no mixed-dtype matmul: there a and b are upcast."""
+    if a.dtype != torch.float32 and not a.is_cuda:
+        a, b = a.float(), b.float()
+    if a.dtype == torch.float32:
+        torch.mm(a, b, out=acc) if first else acc.addmm_(a, b)
+    elif first:
+        torch.mm(a, b, out_dtype=torch.float32, out=acc)
+    else:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+
+
+def _vocab_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ignore_index: int,
+                smoothing: float, mean: bool, rows: int, cols: int):
+    """The vocabulary-chunked path (module docstring): blocks of ``rows`` token rows, ``cols``
+    classes a chunk. Same contract as ``_chunk_loop``. Every view the loop uses is made once per
+    call (the host's cost per chunk is the launches: 2 in pass 1, 4 in pass 2)."""
+    (n, h), v, dev = hidden.shape, weight.shape[0], hidden.device
+    need_h, need_w, need_b = needs
+    grad = need_h or need_w or need_b
+    dh = _common.empty((n, h), hidden.dtype, dev) if need_h else None
+    dw = _common.empty((v, h), weight.dtype, dev) if need_w else None
+    db = torch.zeros((v,), dtype=torch.float32, device=dev) if need_b else None
+    if dw is not None and n == 0:
+        dw.zero_()
+    rows = max(1, min(rows, n))
+    flat = _common.empty((rows * cols,), hidden.dtype, dev)  # one [rows, cols] chunk of logits, reused
+    stats = _common.empty((rows, 3), torch.float32, dev)  # running lse, logit sum, target logit per row
+    # dhidden's float32 accumulator: dh itself for float32 inputs
+    acc = _common.empty((rows, h), torch.float32, dev) if need_h and hidden.dtype != torch.float32 else None
+    chunks = _class_chunks(weight, bias, dw, db, v, cols)
+    per_row = scale is not None and scale.dim() > 0
+    views: dict = {}
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        hb, tb, rb = hidden[r0:r1], target[r0:r1], r1 - r0
+        if rb not in views:  # launches and logits views for blocks of rb rows (at most two sizes)
+            views[rb] = (_chunk_launches(cols, rb, _common.sm_count(dev), smoothing > 0, scale is not None, mean,
+                                         (BLOCK_C, FEW_ROWS_BLOCK_C, FEW_ROWS_PER_SM)),
+                         {cc: flat[:rb * cc].view(rb, cc) for cc in {c1 - c0 for c0, c1, *_ in chunks}})
+        (stat_launch, grad_launch), logits_of = views[rb]
+        loss_b = loss_rows[r0:r1]
+        for c0, c1, w_c, wt_c, b_c, _, _ in chunks:  # pass 1: loss_i
+            logits = logits_of[c1 - c0]
+            torch.mm(hb, wt_c, out=logits) if b_c is None else torch.addmm(b_c, hb, wt_c, out=logits)
+            stat_launch[c0 == 0, c1 == v]((rb,), logits, tb, stats, loss_b, c1 - c0, c0, c1 - c0, v,
+                                          ignore_index, smoothing)
+        if not grad:
+            continue
+        scale_b = (scale[r0:r1] if per_row else scale) if scale is not None else denom
+        stride_scale = scale_b.stride(0) if per_row else 0
+        acc_b = (dh[r0:r1] if acc is None else acc[:rb]) if need_h else None
+        hb_t = hb.t()
+        for c0, c1, w_c, wt_c, b_c, dw_c, db_c in chunks:  # pass 2: the gradients
+            logits = logits_of[c1 - c0]
+            torch.mm(hb, wt_c, out=logits) if b_c is None else torch.addmm(b_c, hb, wt_c, out=logits)
+            grad_launch((rb,), logits, tb, stats, scale_b, denom, c1 - c0, stride_scale, c0, c1 - c0, v,
+                        ignore_index, smoothing)
+            if acc_b is not None:
+                _mm_float32(acc_b, logits, w_c, first=c0 == 0)
+            if dw_c is not None:  # rows c0:c1 of dW: written by the first block, accumulated by the rest
+                torch.mm(logits.t(), hb, out=dw_c) if r0 == 0 else dw_c.addmm_(logits.t(), hb)
+            if db_c is not None:
+                db_c += logits.sum(0, dtype=torch.float32)
+        del hb_t
+        if acc is not None:
+            dh[r0:r1].copy_(acc[:rb])
+    return dh, dw, None if db is None else db.to(bias.dtype)
+
+
+def _class_chunks(weight, bias, dw, db, v: int, cols: int) -> list:
+    """(c0, c1, W_c, W_c.T, bias_c, dW_c, db_c) for each chunk of ``cols`` classes (None where absent)."""
+    out = []
+    for c0 in range(0, v, cols):
+        c1 = min(v, c0 + cols)
+        w_c = weight[c0:c1]
+        out.append((c0, c1, w_c, w_c.t(), None if bias is None else bias[c0:c1], None if dw is None else dw[c0:c1],
+                    None if db is None else db[c0:c1]))
+    return out
+
+
+def _run_chunks(hidden, weight, target, bias, scale, denom, loss_rows, needs, ignore_index: int,
+                smoothing: float, mean: bool, rows: int, cols: int):
+    """Token chunks over the whole vocabulary (cols >= V) or the vocabulary-chunked path."""
+    if cols >= weight.shape[0]:
+        return _chunk_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ignore_index, smoothing,
+                           mean, rows)
+    return _vocab_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ignore_index, smoothing, mean,
+                       rows, cols)
+
+
 def _denominator(target, ignore_index: int):
     """Rows not ignored, float32 (the mean's divisor, as PyTorch's without class weights)."""
     return (target != ignore_index).sum(dtype=torch.float32)
@@ -184,15 +405,15 @@ def _or_empty(t, like):
 
 
 def _lce_forward(hidden, weight, target, bias, ignore_index: int, smoothing: float, reduction: str,
-                 chunk_rows: int, grad_hidden: bool, grad_weight: bool, grad_bias: bool):
+                 chunk_rows: int, vocab_chunk: int, grad_hidden: bool, grad_weight: bool, grad_bias: bool):
     """(loss float32, dhidden, dweight, dbias, denom): the gradients of the reduced loss (for
     grad_output 1) where asked and reduction is not "none", else empty tensors."""
     n = hidden.shape[0]
     loss_rows = _common.empty((n,), torch.float32, hidden.device)
     denom = _denominator(target, ignore_index)
     needs = (grad_hidden, grad_weight, grad_bias) if reduction != "none" else (False, False, False)
-    grads = _chunk_loop(hidden, weight, target, bias, None, denom, loss_rows, needs, ignore_index, smoothing,
-                        reduction == "mean", chunk_rows)
+    grads = _run_chunks(hidden, weight, target, bias, None, denom, loss_rows, needs, ignore_index, smoothing,
+                        reduction == "mean", chunk_rows, vocab_chunk)
     if reduction == "none":
         loss = loss_rows
     else:
@@ -201,11 +422,11 @@ def _lce_forward(hidden, weight, target, bias, ignore_index: int, smoothing: flo
 
 
 def _lce_backward(grad, hidden, weight, target, bias, denom, ignore_index: int, smoothing: float, reduction: str,
-                  chunk_rows: int, grad_hidden: bool, grad_weight: bool, grad_bias: bool):
+                  chunk_rows: int, vocab_chunk: int, grad_hidden: bool, grad_weight: bool, grad_bias: bool):
     """(dhidden, dweight, dbias) for grad_output ``grad``, the chunks recomputed (empty where not asked)."""
     loss_rows = _common.empty((hidden.shape[0],), torch.float32, hidden.device)  # rewritten, unused
-    grads = _chunk_loop(hidden, weight, target, bias, grad, denom, loss_rows, (grad_hidden, grad_weight, grad_bias),
-                        ignore_index, smoothing, reduction == "mean", chunk_rows)
+    grads = _run_chunks(hidden, weight, target, bias, grad, denom, loss_rows, (grad_hidden, grad_weight, grad_bias),
+                        ignore_index, smoothing, reduction == "mean", chunk_rows, vocab_chunk)
     return tuple(_or_empty(g, hidden) for g in grads)
 
 
@@ -220,10 +441,10 @@ def _scale_in_place(t: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("kernelab::linear_cross_entropy", mutates_args=())
 def _lce_op(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-    ignore_index: int, smoothing: float, reduction: str, chunk_rows: int,
+    ignore_index: int, smoothing: float, reduction: str, chunk_rows: int, vocab_chunk: int,
     grad_hidden: bool, grad_weight: bool, grad_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _lce_forward(hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk_rows,
+    return _lce_forward(hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk_rows, vocab_chunk,
                         grad_hidden, grad_weight, grad_bias)
 
 
@@ -234,7 +455,8 @@ def _fake_grads(hidden, weight, bias, grad_hidden, grad_weight, grad_bias):
 
 
 @_lce_op.register_fake
-def _(hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk_rows, grad_hidden, grad_weight, grad_bias):
+def _(hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk_rows, vocab_chunk, grad_hidden, grad_weight,
+      grad_bias):
     none = reduction == "none"
     loss = hidden.new_empty((hidden.shape[0],) if none else (), dtype=torch.float32)
     grads = _fake_grads(hidden, weight, bias, grad_hidden and not none, grad_weight and not none, grad_bias and not none)
@@ -244,15 +466,15 @@ def _(hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk_ro
 @torch.library.custom_op("kernelab::linear_cross_entropy_backward", mutates_args=())
 def _lce_backward_op(
     grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-    denom: torch.Tensor, ignore_index: int, smoothing: float, reduction: str, chunk_rows: int,
+    denom: torch.Tensor, ignore_index: int, smoothing: float, reduction: str, chunk_rows: int, vocab_chunk: int,
     grad_hidden: bool, grad_weight: bool, grad_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _lce_backward(grad, hidden, weight, target, bias, denom, ignore_index, smoothing, reduction, chunk_rows,
-                         grad_hidden, grad_weight, grad_bias)
+                         vocab_chunk, grad_hidden, grad_weight, grad_bias)
 
 
 @_lce_backward_op.register_fake
-def _(grad, hidden, weight, target, bias, denom, ignore_index, smoothing, reduction, chunk_rows,
+def _(grad, hidden, weight, target, bias, denom, ignore_index, smoothing, reduction, chunk_rows, vocab_chunk,
       grad_hidden, grad_weight, grad_bias):
     return _fake_grads(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
 
@@ -260,7 +482,7 @@ def _(grad, hidden, weight, target, bias, denom, ignore_index, smoothing, reduct
 def _setup_context(ctx, inputs, output):
     hidden, weight, target, bias, *args = inputs
     _, dh, dw, db, denom = output
-    ctx.args = tuple(args)  # ignore_index, smoothing, reduction, chunk_rows, grad_hidden, grad_weight, grad_bias
+    ctx.args = tuple(args)  # ignore_index, smoothing, reduction, chunk_rows, vocab_chunk, grad_hidden, grad_weight, grad_bias
     ctx.fresh = True  # the forward's gradients have not been scaled in place yet
     ctx.save_for_backward(hidden, weight, target, bias, dh, dw, db, denom)
     ctx.mark_non_differentiable(dh, dw, db, denom)  # internal outputs: no gradient flows into them,
@@ -269,9 +491,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad, *_internal):
     if grad is None:
-        return (None,) * 11
+        return (None,) * 12
     hidden, weight, target, bias, dh, dw, db, denom = ctx.saved_tensors
-    ignore_index, smoothing, reduction, chunk_rows, *needs = ctx.args
+    ignore_index, smoothing, reduction, chunk_rows, vocab_chunk, *needs = ctx.args
     if _common.builds_graph():  # double backward: PyTorch's differentiable gradient (full logits)
         grads = _reference_grads(grad, hidden, weight, target, bias, ctx.args)
     elif reduction == "none" or not (ctx.fresh or _common.traced(grad, hidden)):
@@ -283,11 +505,11 @@ def _backward(ctx, grad, *_internal):
         ctx.fresh = False
         grads = tuple(_scale_in_place(g, grad) for g in (dh, dw, db))
     dh, dw, db = (g if need else None for g, need in zip(grads, needs))
-    return dh, dw, None, db, None, None, None, None, None, None, None
+    return dh, dw, None, db, None, None, None, None, None, None, None, None
 
 
 def _reference_grads(grad, hidden, weight, target, bias, args):
-    ignore_index, smoothing, reduction, _, *needs = args
+    ignore_index, smoothing, reduction, _, _, *needs = args
 
     def reference(hidden, weight, bias):
         return _reference(hidden, weight, target, bias, ignore_index, reduction, smoothing)
@@ -309,7 +531,7 @@ def _reference(hidden, weight, target, bias, ignore_index, reduction, smoothing)
     return loss.reshape(target.shape) if reduction == "none" else loss
 
 
-def _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_rows) -> None:
+def _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_rows, vocab_chunk) -> None:
     """One-line errors for the calls this op refuses."""
     for name, t in (("hidden", hidden), ("weight", weight), ("target", target), ("bias", bias)):
         if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
@@ -337,8 +559,9 @@ def _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_rows)
         raise ValueError(f"linear_cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     if label_smoothing > 1.0:
         raise ValueError(f"linear_cross_entropy: label_smoothing must be at most 1.0, got {label_smoothing}")
-    if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
-        raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
+    for name, value in (("chunk_rows", chunk_rows), ("vocab_chunk", vocab_chunk)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"linear_cross_entropy: {name} must be a positive int, got {value!r}")
 
 
 def _autocast(hidden, weight, bias):
@@ -349,6 +572,14 @@ def _autocast(hidden, weight, bias):
     dtype = torch.get_autocast_dtype(hidden.device.type)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
                  for t in (hidden, weight, bias))
+
+
+def _chunks(n: int, h: int, v: int, elem_size: int, chunk_rows, vocab_chunk) -> tuple[int, int]:
+    """(token rows, classes) a chunk for the caller's settings (see linear_cross_entropy)."""
+    if vocab_chunk is None and chunk_rows is not None:
+        return chunk_rows, max(v, 1)
+    rows, cols = chunk_shape_for(n, h, v, elem_size)
+    return chunk_rows or rows, min(vocab_chunk or cols, max(v, 1))
 
 
 def _needs_grad(t) -> bool:
@@ -364,6 +595,7 @@ def linear_cross_entropy(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     chunk_rows: int | None = None,
+    vocab_chunk: int | None = None,
 ) -> torch.Tensor:
     """``F.cross_entropy(F.linear(hidden, weight, bias).float(), target, ...)`` without the logits.
 
@@ -374,17 +606,20 @@ def linear_cross_entropy(
     accumulation, as cuBLAS does, then the loss in float32: the loss is float32 (float64 for float64
     inputs, which run PyTorch's formula).
 
-    Processed ``chunk_rows`` token rows at a time (default :func:`chunk_rows_for`: [rows, V]
-    logits of about CHUNK_BYTES), forward and backward: peak memory is one chunk of logits beside
-    the gradients. Gradients are computed only for the tensors that require them; the weight
-    gradient accumulates across chunks in the weight's dtype (cuBLAS addmm, beta = 1: one rounding
-    per chunk, as Liger-Kernel's default). Under ``torch.autocast`` the inputs are first cast to
+    Chunks (module docstring): by default blocks of a quarter of the token rows, ``vocab_chunk``
+    classes at a time (:func:`chunk_shape_for`), so that memory beside the gradients stays within
+    N x H input-dtype elements, as Liger-Kernel's; ``chunk_rows`` alone: that many token rows
+    over the whole vocabulary a chunk ([rows, V] logits, no recomputed matmul, more memory);
+    both: blocks of ``chunk_rows`` rows, ``vocab_chunk`` classes a chunk. Gradients are computed
+    only for the tensors that require them; dhidden accumulates in float32 across class chunks,
+    the weight gradient across token blocks in the weight's dtype (cuBLAS addmm, beta = 1: one
+    rounding per block, as Liger-Kernel's default). Under ``torch.autocast`` the inputs are first cast to
     its dtype, as ``F.linear`` would. A double backward (``create_graph=True``) differentiates
     PyTorch's formula instead, holding the full logits. Without CUDA and without
     ``TRITON_INTERPRET=1`` (or for float64) the PyTorch formula runs, with the full logits.
     """
     hidden, weight, bias = _autocast(hidden, weight, bias)
-    _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_rows)
+    _check(hidden, weight, target, bias, reduction, label_smoothing, chunk_rows, vocab_chunk)
     smoothing = float(label_smoothing) if label_smoothing > 0 else 0.0  # negative or NaN: none, as in PyTorch
     v, h = weight.shape
     if not _common.use_triton(hidden) or v == 0:
@@ -392,8 +627,8 @@ def linear_cross_entropy(
     flat_target = target if target.dim() == 1 and target.is_contiguous() else target.reshape(-1).contiguous()
     check_targets_on_host(flat_target, v, ignore_index)
     hidden2 = hidden if hidden.dim() == 2 else hidden.reshape(flat_target.numel(), h)  # (-1, h): ambiguous for h = 0
-    rows = chunk_rows or chunk_rows_for(hidden2.shape[0], v, hidden.element_size())
+    rows, cols = _chunks(hidden2.shape[0], h, v, hidden.element_size(), chunk_rows, vocab_chunk)
     needs = (_needs_grad(hidden), _needs_grad(weight), _needs_grad(bias))
     loss = _common.apply(_LinearCrossEntropy, _lce_op, hidden2, weight, flat_target, bias, int(ignore_index),
-                         smoothing, reduction, int(rows), *needs)[0]
+                         smoothing, reduction, rows, cols, *needs)[0]
     return loss.reshape(target.shape) if reduction == "none" else loss

@@ -50,7 +50,10 @@ class NormConfig:
     Forward (rows of up to 16384 elements, one-pass): ``fwd_tile`` elements of rows per program
     and ``fwd_per_thread`` elements a thread, None for ``_common.row_tile``'s rule.
 
-    Backward: ``bwd_programs_per_sm`` programs per SM, each summing its rows' dw and db, with
+    Backward (DEFAULT: as many programs as one wave holds, three pipeline stages; the best of five
+    settings at 7 of 8 model shapes on the H200, 1.13-2.86x the best of eager and Liger,
+    ``benchmarks/results/norm_tune_graph_h200.csv``): ``bwd_programs_per_sm`` programs per SM, each
+    summing its rows' dw and db, with
     ``bwd_one_wave`` at most as many as one SM runs at once (computed from the compiled kernel's
     registers and shared memory: the grid is one wave); None: exactly that many; ``bwd_tile`` elements of
     rows per program step and ``bwd_per_thread`` elements a thread; ``bwd_stages`` the software
@@ -65,10 +68,10 @@ class NormConfig:
 
     fwd_tile: Optional[int] = None
     fwd_per_thread: Optional[int] = None
-    bwd_programs_per_sm: Optional[int] = 4
+    bwd_programs_per_sm: Optional[int] = None
     bwd_tile: int = 2048
     bwd_per_thread: int = 16
-    bwd_stages: int = _common.STAGES
+    bwd_stages: int = 3
     bwd_hold_w: bool = False
     bwd_atomic: bool = False
     bwd_max_fused: int = 8192
@@ -390,10 +393,19 @@ def _norm_fwd_team_kernel(
 
 
 # --------------------------------------------------------------------------- launchers
+#: Elements a thread of the one-pass forward for rows of 2049-8192 elements (BLOCK_N 4096 or 8192:
+#: 4 or 8 warps a program instead of 8 or 16). On the H200 (bf16, ``results/norm_tune_fwd_h200.csv``)
+#: 32 beat the shared rule's 16 at every width timed there, layer_norm and rms_norm: 2560 (2.55 ->
+#: 2.96, 3.16 -> 3.50 TB/s), 5120 (2.16 -> 2.81, 3.06 -> 3.55), 6144 (2.31 -> 2.85, 3.25 -> 3.57),
+#: 8192 (2.75 -> 3.40, 3.67 -> 3.71): smaller programs, more of them resident an SM, more bytes in flight.
+FWD_WIDE_PER_THREAD = 32
+
+
 @functools.lru_cache(maxsize=1024)
 def _fwd_tile(m: int, n: int, rms: bool, config: NormConfig) -> tuple[int, int, int, Optional[int]]:
     """(BLOCK_M, BLOCK_N, num_warps, maxnreg) of the one-pass forward (cached: host time per call)."""
-    block_m, block_n, warps = _common.row_tile(m, n, tile=config.fwd_tile, per_thread=config.fwd_per_thread)
+    per_thread = config.fwd_per_thread or (FWD_WIDE_PER_THREAD if 2048 < n <= 8192 else None)
+    block_m, block_n, warps = _common.row_tile(m, n, tile=config.fwd_tile, per_thread=per_thread)
     return block_m, block_n, warps, LONG_ROW_MAXNREG if block_n >= 16384 and not rms else None
 
 

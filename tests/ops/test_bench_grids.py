@@ -48,7 +48,7 @@ def test_norm_tune_smoke(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = report.load_csv(tmp_path / "norm_tune.csv")
     providers = {r.provider for r in rows}
-    assert {"kernelab", "eager", "kernelab~resident", "kernelab~4/SM in waves"} <= providers
+    assert {"kernelab", "eager", "kernelab~resident 2 stages", "kernelab~4/SM in waves"} <= providers
     assert not any("atomic" in p for p in providers)  # refused on GPUs: wrong on the H200
     assert {(r.op, r.pass_) for r in rows} == {(o, p) for o in ("layer_norm", "rms_norm") for p in ("fwd", "fwd+bwd")}
     assert all(r.status == "ok" for r in rows), [(r.provider, r.status) for r in rows if r.status != "ok"]

@@ -49,6 +49,7 @@ def check(hidden, weight, target, bias=None, seed=5, **kw):
     """Loss and every requested gradient match the float64 reference."""
     y = K.linear_cross_entropy(hidden, weight, target, bias, **kw)
     kw.pop("chunk_rows", None)
+    kw.pop("vocab_chunk", None)
     ref, ref_inputs = reference(hidden, weight, target, bias, **kw)
     assert y.dtype == torch.promote_types(hidden.dtype, torch.float32) and y.shape == ref.shape
     tol = torch.float32 if hidden.dtype == torch.float64 else hidden.dtype
@@ -80,6 +81,53 @@ def test_chunkings(chunk_rows):
     hidden, weight, bias = inputs(199, 48, 300, torch.float32)
     check(hidden, weight, targets((199,), 300), bias, chunk_rows=chunk_rows)
     check(hidden, weight, targets((199,), 300), bias, chunk_rows=chunk_rows, reduction="none")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,cols", [(None, None), (5, 37), (16, 64), (64, 128), (50, 299), (None, 300),
+                                       (None, 1000)], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_vocabulary_chunks(dtype, rows, cols, reduction):
+    """The vocabulary-chunked path: class chunks that do not divide V (the last one short), one
+    class a chunk, the whole vocabulary (the token path), token blocks that do not divide N;
+    the target in every chunk, ignored rows, label smoothing, a bias."""
+    hidden, weight, bias = inputs(37, 24, 300, dtype)
+    t = targets((37,), 300, ignore_every=5)
+    check(hidden, weight, t, bias, chunk_rows=rows, vocab_chunk=cols, reduction=reduction)
+    check(hidden, weight, t, bias, chunk_rows=rows, vocab_chunk=cols, reduction=reduction, label_smoothing=0.3)
+
+
+def test_one_class_and_one_row_chunks():
+    hidden, weight, bias = inputs(6, 8, 9, torch.float32)
+    check(hidden, weight, targets((6,), 9, ignore_every=4), bias, chunk_rows=1, vocab_chunk=1, label_smoothing=0.2)
+
+
+def test_vocabulary_chunks_partial_gradients_and_sum():
+    hidden, weight, bias = inputs(29, 16, 130, torch.float32)
+    t = targets((29,), 130)
+    check(hidden, weight.detach(), t, bias.detach(), vocab_chunk=32, reduction="sum")   # frozen head: dh only
+    check(hidden.detach(), weight, t, None, vocab_chunk=32, chunk_rows=8)            # dW only, 4 token blocks
+    check(hidden.detach(), weight.detach(), t, bias, vocab_chunk=32)                 # db only
+    check(hidden.detach(), weight.detach(), t, bias.detach(), vocab_chunk=32)        # loss only
+
+
+def test_default_chunks_fit_liger_memory():
+    """The default chunking keeps the logits chunk and dhidden's float32 accumulator together
+    within Liger-Kernel's chunk of logits; token blocks a multiple of 128 rows (a quarter of N
+    unless H is wide), classes a multiple of 128, and every chunk's matmuls of at least 128."""
+    from kernelab.ops.linear_cross_entropy import chunk_shape_for, liger_chunk_rows
+
+    for n, h, v, elem in [(4096, 2048, 128256, 2), (8192, 4096, 128256, 2), (4096, 3584, 151936, 2),
+                          (16384, 768, 50257, 2), (2048, 5120, 262144, 2), (4096, 1536, 151936, 2),
+                          (4096, 2048, 128256, 4), (32768, 8192, 128256, 2)]:
+        rows, cols = chunk_shape_for(n, h, v, elem)
+        assert rows % 128 == 0 and 128 <= rows <= -(-n // 4 // 128) * 128, (n, h, v, rows)
+        assert cols % 128 == 0 and 128 <= cols < v, (n, h, v, cols)
+        acc = rows * h * 4 if elem < 4 else 0
+        assert rows * cols * elem + acc <= liger_chunk_rows(n, h, v) * v * elem, (n, h, v)
+    assert liger_chunk_rows(8192, 4096, 128256) == 256 and liger_chunk_rows(4096, 1536, 151936) == 64
+    assert chunk_shape_for(37, 16, 300, 4) == (37, 128)  # at least 128 classes a chunk
+    assert chunk_shape_for(8, 16, 100, 2) == (8, 100)  # one chunk: the token path
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -225,14 +273,15 @@ def test_compiled_graph_holds_the_custom_op():
 def test_opcheck(reduction):
     hidden, weight, bias = inputs(6, 8, 10, torch.float32)
     t = torch.tensor([1, 2, -100, 9, 0, 3])
-    args = (hidden, weight, t, bias, -100, 0.1, reduction, 4, True, True, True)
-    torch.library.opcheck(torch.ops.kernelab.linear_cross_entropy.default, args,
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-    grad = torch.ones((6,) if reduction == "none" else ())
-    torch.library.opcheck(torch.ops.kernelab.linear_cross_entropy_backward.default,
-                          (grad, hidden.detach(), weight.detach(), t, bias.detach(), torch.tensor(5.0), -100, 0.1,
-                           reduction, 4, True, True, True),
-                          test_utils=("test_schema", "test_faketensor"))
+    for vocab_chunk in (10, 4):  # the token path, the vocabulary-chunked one
+        args = (hidden, weight, t, bias, -100, 0.1, reduction, 4, vocab_chunk, True, True, True)
+        torch.library.opcheck(torch.ops.kernelab.linear_cross_entropy.default, args,
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+        grad = torch.ones((6,) if reduction == "none" else ())
+        torch.library.opcheck(torch.ops.kernelab.linear_cross_entropy_backward.default,
+                              (grad, hidden.detach(), weight.detach(), t, bias.detach(), torch.tensor(5.0), -100, 0.1,
+                               reduction, 4, vocab_chunk, True, True, True),
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 def test_never_holds_the_full_logits():
@@ -251,6 +300,23 @@ def test_never_holds_the_full_logits():
         biggest = max(torch.Size(s).numel() for s in shapes)
         assert biggest <= rows * v < n * v, (reduction, biggest)
         assert (rows, v) in shapes, reduction
+
+
+def test_vocabulary_chunks_never_hold_a_token_chunk():
+    """The default path's largest tensors are the gradients (dW: V x H, dhidden: N x H) and one
+    [rows, classes] chunk; nothing of V columns but the weight's own rows."""
+    n, h, v = 96, 8, 300
+    hidden, weight, bias = inputs(n, h, v, torch.float32)
+    t = targets((n,), v)
+    for reduction in ("mean", "none"):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            y = K.linear_cross_entropy(hidden, weight, t, bias, reduction=reduction, chunk_rows=32, vocab_chunk=128)
+            torch.autograd.grad(y, [hidden, weight, bias], torch.ones_like(y))
+        shapes = {tuple(s) for e in prof.events() for s in e.input_shapes
+                  if isinstance(s, (list, tuple)) and len(s) >= 2 and all(isinstance(d, int) for d in s)}
+        logit_like = {s for s in shapes if s not in {(v, h), (n, h), (h, v)} and s[-1] != h and s[0] != h}
+        assert max(torch.Size(s).numel() for s in logit_like) <= 32 * 128, (reduction, sorted(logit_like))
+        assert (32, 128) in shapes and (32, 300 - 256) in shapes, reduction
 
 
 @pytest.mark.parametrize(
@@ -278,7 +344,9 @@ def test_argument_errors():
     hidden, weight, bias = inputs(4, 8, 10, torch.float32)
     t = targets((4,), 10)
     for kw, match in [(dict(reduction="avg"), "reduction"), (dict(label_smoothing=1.5), "label_smoothing"),
-                      (dict(chunk_rows=0), "chunk_rows"), (dict(bias=bias[:-1]), "bias must be"),
+                      (dict(chunk_rows=0), "chunk_rows"), (dict(vocab_chunk=0), "vocab_chunk"),
+                      (dict(vocab_chunk=2.5), "vocab_chunk"), (dict(vocab_chunk=True), "vocab_chunk"),
+                      (dict(bias=bias[:-1]), "bias must be"),
                       (dict(bias=bias.half()), "bias is torch.float16")]:
         with pytest.raises((ValueError, TypeError), match=match):
             K.linear_cross_entropy(hidden, weight, t, **kw)

@@ -17,8 +17,8 @@ from tests.ops.helpers import randn, ref_copy
 
 CONFIGS = {
     "default": norms.DEFAULT,
-    "resident grid": norms.NormConfig(bwd_programs_per_sm=None),
-    "4/SM in waves": norms.NormConfig(bwd_one_wave=False),
+    "4/SM, 2 stages": norms.NormConfig(bwd_programs_per_sm=4, bwd_stages=2),
+    "4/SM in waves": norms.NormConfig(bwd_programs_per_sm=4, bwd_stages=2, bwd_one_wave=False),
     "1 program/SM, 3 stages, w held": norms.NormConfig(bwd_programs_per_sm=1, bwd_stages=3, bwd_hold_w=True),
     "atomic, 1 program/SM": norms.NormConfig(bwd_atomic=True, bwd_programs_per_sm=1),
     "atomic, long rows past 4096": norms.NormConfig(bwd_atomic=True, bwd_max_fused=4096),
