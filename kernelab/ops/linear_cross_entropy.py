@@ -25,15 +25,17 @@ processed C classes at a time, twice:
     pass 1, for each class chunk c:  logits_c = hidden_b @ W_c.T (+ bias_c)      [R, C]
         one kernel merges the chunk's logsumexp, logit sum and target logit into the rows' running
         statistics; the last chunk turns them into loss_i
-    pass 2, for each class chunk c:  logits_c recomputed, overwritten in place with dlogits_c
+    pass 2, for each class chunk c, last first:  logits_c recomputed (the last one is still in
+        the buffer), overwritten in place with dlogits_c
         dhidden_b += dlogits_c @ W_c       float32 accumulator [R, H] (cuBLAS, beta = 1)
         dW_c      (+)= dlogits_c.T @ hidden_b   [C, H] rows of dW: written by the first block,
                                                  accumulated by later ones (beta = 1)
 
-Memory beside the gradients: [R, C] logits and the [R, H] float32 accumulator, both sized by
-:func:`chunk_shape_for` to fit N x H input-dtype elements. Cost: the logits matmul twice (4 matmuls
-of N x H x V instead of 3), dW read and written once per token block (4 blocks), every chunk's
-matmuls large enough for the tensor cores.
+Memory beside the gradients: [R, C] logits and the [R, H] float32 accumulator, together sized by
+:func:`chunk_shape_for` to fit within Liger-Kernel's chunk of logits (near N x H elements).
+Cost: the logits matmul twice but for each block's last chunk (4 matmuls of N x H x V instead
+of 3), dW read and written once per token block (4 blocks), and (N / R) x (V / C) chunks of 6
+launches each: the host's share grows as H shrinks (the budget is near N x H).
 
 For reductions "mean" and "sum" the gradient is computed in the forward (as Liger-Kernel does: the
 targets, hence the mean's divisor, are known) and the backward multiplies it by grad_output, in
@@ -86,17 +88,19 @@ def liger_chunk_rows(n: int, h: int, v: int) -> int:
 
 def chunk_shape_for(n: int, h: int, v: int, elem_size: int) -> tuple[int, int]:
     """(rows, classes) per chunk of the default, vocabulary-chunked path. Memory beside the
-    gradients within Liger-Kernel's chunk ([liger_chunk_rows, V] logits, at most N x V): half for
-    the [rows, H] float32 accumulator of dhidden (rows a quarter of N past 512 rows, a multiple of
-    128, fewer if H is wide), half for the [rows, classes] logits. Classes a multiple of 128 (at
-    least 128, at most V: V means one chunk, the token path). Matmul launches scale as N x V over
-    this budget: smaller budgets cost host time (more, smaller chunks)."""
-    budget = min(liger_chunk_rows(n, h, v), max(n, 1)) * max(v, 1) * elem_size // 2
+    gradients within Liger-Kernel's chunk ([liger_chunk_rows, V] logits, at most N x V): the
+    [rows, H] float32 accumulator of dhidden (rows a quarter of N past 512 rows, a multiple of 128;
+    fewer when it would take more than half), the rest for the [rows, classes] logits. Classes a
+    multiple of 128 (at least 128, at most V: V means one chunk, the token path). Launches scale
+    as N x V / (rows x classes): a smaller budget costs host time (more, smaller chunks)."""
+    budget = min(liger_chunk_rows(n, h, v), max(n, 1)) * max(v, 1) * elem_size
     rows = n if n <= 512 else _common.cdiv(_common.cdiv(n, VOCAB_PATH_BLOCKS), 128) * 128
-    if rows > 512 and rows * h * 4 > budget:
-        rows = max(128, budget // (h * 4) // 128 * 128)
+    if rows > 512 and rows * h * 4 > budget // 2:
+        rows = max(128, budget // 2 // (h * 4) // 128 * 128)
     rows = max(1, min(n, rows))
-    cols = budget // (rows * elem_size)
+    acc = rows * h * 4 if elem_size < 4 else 0  # float32 inputs accumulate in dhidden itself
+    small = n * 4 + rows * 12  # the rows' float32 losses and running statistics
+    cols = max(0, budget - acc - small) // (rows * elem_size)
     cols = max(128, cols - cols % 128)
     return rows, min(max(v, 1), cols)
 
@@ -354,19 +358,19 @@ def _vocab_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ig
         scale_b = (scale[r0:r1] if per_row else scale) if scale is not None else denom
         stride_scale = scale_b.stride(0) if per_row else 0
         acc_b = (dh[r0:r1] if acc is None else acc[:rb]) if need_h else None
-        hb_t = hb.t()
-        for c0, c1, w_c, wt_c, b_c, dw_c, db_c in chunks:  # pass 2: the gradients
+        # pass 2: the gradients, last chunk first (still in the buffer from pass 1: not recomputed)
+        for i, (c0, c1, w_c, wt_c, b_c, dw_c, db_c) in enumerate(reversed(chunks)):
             logits = logits_of[c1 - c0]
-            torch.mm(hb, wt_c, out=logits) if b_c is None else torch.addmm(b_c, hb, wt_c, out=logits)
+            if i > 0:
+                torch.mm(hb, wt_c, out=logits) if b_c is None else torch.addmm(b_c, hb, wt_c, out=logits)
             grad_launch((rb,), logits, tb, stats, scale_b, denom, c1 - c0, stride_scale, c0, c1 - c0, v,
                         ignore_index, smoothing)
             if acc_b is not None:
-                _mm_float32(acc_b, logits, w_c, first=c0 == 0)
+                _mm_float32(acc_b, logits, w_c, first=i == 0)
             if dw_c is not None:  # rows c0:c1 of dW: written by the first block, accumulated by the rest
                 torch.mm(logits.t(), hb, out=dw_c) if r0 == 0 else dw_c.addmm_(logits.t(), hb)
             if db_c is not None:
                 db_c += logits.sum(0, dtype=torch.float32)
-        del hb_t
         if acc is not None:
             dh[r0:r1].copy_(acc[:rb])
     return dh, dw, None if db is None else db.to(bias.dtype)
