@@ -133,7 +133,7 @@ def main() -> int:
         for col in ("provider", "kernel", "op", "grid", "us"):
             table.add_column(col)
         for name, fn in runner.provider_fns(spec, runner.PROVIDERS).items():
-            step_args = runner._with_grad(inputs.args, inputs.grad_of, backward)
+            step_args = runner.with_grad(inputs.args, inputs.grad_of, backward)
             if grad_out is None:
                 ref = fn(*step_args)
                 grad_out = torch.randn(ref.shape, device=device, generator=gen).to(ref.dtype) if ref.dim() else torch.ones((), device=device, dtype=dtype)

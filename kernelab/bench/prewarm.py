@@ -28,7 +28,7 @@ def main(argv=None) -> int:
         spec = all_specs[case.op]
         inputs = spec.make(case.shape, case.dtype, device, torch.Generator(device).manual_seed(0))
         for name, fn in runner.provider_fns(spec, runner.PROVIDERS).items():
-            args = runner._with_grad(inputs.args, inputs.grad_of, case.backward)
+            args = runner.with_grad(inputs.args, inputs.grad_of, case.backward)
             try:
                 res = fn(*args)
                 if case.backward:

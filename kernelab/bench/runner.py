@@ -102,7 +102,9 @@ def provider_fns(spec: S.Spec, wanted: Iterable[str]) -> dict[str, Callable]:
     return fns
 
 
-def _with_grad(args, grad_of, backward: bool):
+def with_grad(args, grad_of, backward: bool):
+    """Fresh copies of a case's floating-point arguments, those in ``grad_of`` requiring grad when
+    the case runs the backward (every provider gets its own leaves)."""
     return tuple(a.detach().clone().requires_grad_(backward and i in grad_of) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
                  for i, a in enumerate(args))
 
@@ -129,7 +131,7 @@ def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict,
     gen = torch.Generator(device).manual_seed(zlib.crc32(case.label.encode()))
     # float64 reference on fresh inputs (the providers see the same values, rounded to dtype)
     inputs = spec.make(case.shape, case.dtype, device, gen)
-    ref_args = _with_grad(tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in inputs.args), inputs.grad_of, case.backward)
+    ref_args = with_grad(tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in inputs.args), inputs.grad_of, case.backward)
     ref_out = spec.reference(*ref_args)
     grad_out = torch.randn(ref_out.shape, device=device, generator=gen, dtype=torch.float32).to(case.dtype) if ref_out.dim() else torch.ones((), device=device, dtype=case.dtype)
     ref = [ref_out]
@@ -148,7 +150,7 @@ def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict,
         try:
             # correctness: fresh copies of the inputs, outputs poisoned, compared to float64
             timing.poison(out_sizes, device)
-            args = _with_grad(inputs.args, inputs.grad_of, case.backward)
+            args = with_grad(inputs.args, inputs.grad_of, case.backward)
             out = fn(*args)
             got = [out]
             if case.backward:
@@ -161,7 +163,7 @@ def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict,
             del got
             # timing: input sets rotated through, spanning more than L2
             per_set = sum(a.numel() * a.element_size() for a in inputs.args if isinstance(a, torch.Tensor))
-            sets = [_with_grad(spec.make(case.shape, case.dtype, device, gen).args, inputs.grad_of, case.backward)
+            sets = [with_grad(spec.make(case.shape, case.dtype, device, gen).args, inputs.grad_of, case.backward)
                     for _ in range(timing.sets_needed(per_set))]
             row.ms = timer(step, sets)
             row.timer = getattr(timer, "__name__", str(timer))

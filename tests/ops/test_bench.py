@@ -117,3 +117,24 @@ def test_cli_parser_and_no_gpu():
 
         with pytest.raises(KernelabError, match="needs a CUDA GPU"):  # the main command prints it, exit 2
             cli.run(args)
+
+
+def test_wins_by_both_timers_and_untimed_rows():
+    """best_peer_ratios / wins_table: kernelab against the fastest peer, by do_bench and by the
+    GPU-only time where it was taken; a 0 ms (untimed, compile-ahead) row gets no ratio and no TB/s."""
+    case = runner.Case("softmax", (6, 300), torch.float32, False)
+    rows = runner.run_case(case, ("kernelab", "eager"), torch.device("cpu"), ENV, copy=4.0, timer=fake_timer,
+                           extra_timers={"graph_ms": lambda step, sets: 0.25})
+    for r in rows:  # kernelab 2x faster than eager on the GPU alone, equal by do_bench
+        r.graph_ms = 0.25 if r.provider == "kernelab" else 0.5
+    assert report.best_peer_ratios(rows, "ms") == {("softmax", "6x300", "fwd"): pytest.approx(1.0)}
+    assert report.best_peer_ratios(rows, "graph_ms") == {("softmax", "6x300", "fwd"): pytest.approx(2.0)}
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    report.wins_table(rows, console)
+    text = console.export_text()
+    assert "do_bench" in text and "GPU only" in text and "1/1" in text
+    untimed = runner.run_case(case, ("kernelab", "eager"), torch.device("cpu"), ENV, copy=4.0,
+                              timer=lambda step, sets: (step(*sets[0]), 0.0)[1])
+    assert all(r.status == "ok" and r.tbps is None and r.vs_eager is None for r in untimed)
