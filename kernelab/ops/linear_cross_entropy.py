@@ -245,28 +245,42 @@ def _launch_rows(logits, target, scale, denom, loss_rows, smoothing, ignore_inde
            v, scale.stride(0) if scaled and scale.dim() else 0, r, v, ignore_index, smoothing)
 
 
+def _block_c(c: int, r: int, sms: int, rule: tuple) -> int:
+    """Columns per step of a row kernel over [r, c] chunks on ``sms`` SMs, ``rule`` = (BLOCK_C,
+    FEW_ROWS_BLOCK_C, FEW_ROWS_PER_SM): longer steps when there are few rows per SM."""
+    block, few_block, few_per_sm = rule
+    return min(_common.next_pow2(c), few_block if r < few_per_sm * sms else block)
+
+
 @functools.lru_cache(maxsize=1024)
 def _rows_launch(r: int, v: int, sms: int, smooth: bool, scaled: bool, mean: bool, grad: bool, rule: tuple):
     """The fused kernel prepared for chunks of R rows of V classes on ``sms`` SMs, ``rule``
     (BLOCK_C, FEW_ROWS_BLOCK_C, FEW_ROWS_PER_SM) as set (cached: host time per call)."""
-    block, few_block, few_per_sm = rule
-    block_c = min(_common.next_pow2(v), few_block if r < few_per_sm * sms else block)
+    block_c = _block_c(v, r, sms, rule)
     return _common.prepared(_lce_kernel, SMOOTH=smooth, SCALED=scaled, MEAN=mean, GRAD=grad, BLOCK_C=block_c,
                             STAGES=_common.STAGES, num_warps=_common.warps_for(block_c))
+
+
+def _gradient_buffers(hidden, weight, needs):
+    """(dhidden, dweight, dbias float32 zeros) for the gradients in ``needs``, None elsewhere; dW
+    zeroed when there are no rows (nothing accumulates into it)."""
+    need_h, need_w, need_b = needs
+    (n, h), v, dev = hidden.shape, weight.shape[0], hidden.device
+    dh = _common.empty((n, h), hidden.dtype, dev) if need_h else None
+    dw = _common.empty((v, h), weight.dtype, dev) if need_w else None
+    db = torch.zeros((v,), dtype=torch.float32, device=dev) if need_b else None
+    if dw is not None and n == 0:
+        dw.zero_()
+    return dh, dw, db
 
 
 def _chunk_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ignore_index: int,
                 smoothing: float, mean: bool, chunk_rows: int):
     """Runs every chunk; writes loss_rows; returns (dhidden, dweight, dbias), None where not in ``needs``.
     ``scale`` (None or grad_output, 0-d or [N]) multiplies each row's gradient; ``mean`` divides it by denom."""
-    (n, h), v, dev = hidden.shape, weight.shape[0], hidden.device
-    need_h, need_w, need_b = needs
-    grad = need_h or need_w or need_b
-    dh = _common.empty((n, h), hidden.dtype, dev) if need_h else None
-    dw = _common.empty((v, h), weight.dtype, dev) if need_w else None
-    db = torch.zeros((v,), dtype=torch.float32, device=dev) if need_b else None
-    if dw is not None and n == 0:
-        dw.zero_()
+    n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
+    dh, dw, db = _gradient_buffers(hidden, weight, needs)
+    grad = any(needs)
     buf = _common.empty((min(chunk_rows, n), v), hidden.dtype, dev)
     per_row = scale is not None and scale.dim() > 0  # a per-row grad_output
     for start in range(0, n, chunk_rows):
@@ -293,8 +307,7 @@ def _chunk_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ig
 def _chunk_launches(cc: int, r: int, sms: int, smooth: bool, scaled: bool, mean: bool, rule: tuple):
     """(stats launch by (first, last), grad launch) of the vocabulary-chunked path's kernels over
     [r, cc] chunks on ``sms`` SMs, ``rule`` as in ``_rows_launch`` (cached: host time per call)."""
-    block, few_block, few_per_sm = rule
-    block_c = min(_common.next_pow2(cc), few_block if r < few_per_sm * sms else block)
+    block_c = _block_c(cc, r, sms, rule)
     warps = _common.warps_for(block_c)
     stats = {(first, last): _common.prepared(_chunk_stats_kernel, FIRST=first, LAST=last, SMOOTH=smooth,
                                              BLOCK_C=block_c, STAGES=_common.STAGES, num_warps=warps)
@@ -324,18 +337,13 @@ def _vocab_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ig
     classes a chunk. Same contract as ``_chunk_loop``. Every view the loop uses is made once per
     call (the host's cost per chunk is the launches: 2 in pass 1, 4 in pass 2)."""
     (n, h), v, dev = hidden.shape, weight.shape[0], hidden.device
-    need_h, need_w, need_b = needs
-    grad = need_h or need_w or need_b
-    dh = _common.empty((n, h), hidden.dtype, dev) if need_h else None
-    dw = _common.empty((v, h), weight.dtype, dev) if need_w else None
-    db = torch.zeros((v,), dtype=torch.float32, device=dev) if need_b else None
-    if dw is not None and n == 0:
-        dw.zero_()
+    dh, dw, db = _gradient_buffers(hidden, weight, needs)
+    grad = any(needs)
     rows = max(1, min(rows, n))
     flat = _common.empty((rows * cols,), hidden.dtype, dev)  # one [rows, cols] chunk of logits, reused
     stats = _common.empty((rows, 3), torch.float32, dev)  # running lse, logit sum, target logit per row
     # dhidden's float32 accumulator: dh itself for float32 inputs
-    acc = _common.empty((rows, h), torch.float32, dev) if need_h and hidden.dtype != torch.float32 else None
+    acc = _common.empty((rows, h), torch.float32, dev) if dh is not None and hidden.dtype != torch.float32 else None
     chunks = _class_chunks(weight, bias, dw, db, v, cols)
     per_row = scale is not None and scale.dim() > 0
     views: dict = {}
@@ -357,7 +365,7 @@ def _vocab_loop(hidden, weight, target, bias, scale, denom, loss_rows, needs, ig
             continue
         scale_b = (scale[r0:r1] if per_row else scale) if scale is not None else denom
         stride_scale = scale_b.stride(0) if per_row else 0
-        acc_b = (dh[r0:r1] if acc is None else acc[:rb]) if need_h else None
+        acc_b = (dh[r0:r1] if acc is None else acc[:rb]) if dh is not None else None
         # pass 2: the gradients, last chunk first (still in the buffer from pass 1: not recomputed)
         for i, (c0, c1, w_c, wt_c, b_c, dw_c, db_c) in enumerate(reversed(chunks)):
             logits = logits_of[c1 - c0]
