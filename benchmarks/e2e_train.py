@@ -2,7 +2,7 @@
 """One training step of two causal LMs, eager vs kernelab.patch vs Liger vs torch.compile, same run.
 
     PYTHONPATH=. python3 benchmarks/e2e_train.py OUT_DIR [--budget-s 150] [--models llama,qwen2]
-                                                 [--providers eager,kernelab,kernelab_lce,liger,compile]
+                                                 [--providers eager,kernelab,kernelab_mlp,kernelab_lce,liger,compile]
                                                  [--size bench|tiny]
 
 Models (bf16 parameters, built from configs on the GPU, no weights downloaded; same seed, hence
@@ -18,6 +18,8 @@ optimizer). Providers, each on a fresh model:
 
 * eager: Hugging Face's modules as they are (SDPA attention);
 * kernelab: ``kernelab.patch(model)`` (norms, SwiGLU, the loss; its report is written too);
+* kernelab_mlp: ``kernelab.patch(model, fused_mlp=True)``: the same, with each MLP's gate and up
+  products and SiLU * up as one dual GEMM (``swiglu_linear``);
 * kernelab_lce: ``kernelab.patch(model, fused_lm_head=True)``: the same, with the LM head and the
   loss fused (``linear_cross_entropy``, no logits held: Liger's default does the same);
 * liger: ``liger_kernel.transformers.apply_liger_kernel_to_llama / _qwen2(model=model)`` with its
@@ -58,7 +60,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PROVIDERS = ("eager", "kernelab", "kernelab_lce", "liger", "compile")
+PROVIDERS = ("eager", "kernelab", "kernelab_mlp", "kernelab_lce", "liger", "compile")
+#: kernelab providers -> kernelab.patch's options
+PATCH_OPTIONS = {"kernelab": {}, "kernelab_mlp": {"fused_mlp": True}, "kernelab_lce": {"fused_lm_head": True}}
 FIELDS = ("model", "provider", "status", "error", "ms", "tokens_per_s", "speedup_vs_eager", "speedup_vs_liger",
           "peak_gib", "step_gib", "cold_s", "loss", "loss_rel_err", "grad_err", "grad_worst", "swaps", "tokens",
           "batch", "seq", "dtype", "config", "gpu", "torch", "triton", "transformers", "liger", "date")
@@ -139,8 +143,8 @@ def prepare(provider: str, name: str, model, notes: dict):
 
     import kernelab
 
-    if provider in ("kernelab", "kernelab_lce"):
-        report = kernelab.patch(model, fused_lm_head=provider == "kernelab_lce")
+    if provider in PATCH_OPTIONS:
+        report = kernelab.patch(model, **PATCH_OPTIONS[provider])
         notes["swaps"] = report.summary().removeprefix("kernelab.patch: ")
         notes.setdefault("reports", []).append(f"== {name} / {provider}\n{report}\n")
         return model

@@ -80,10 +80,19 @@ class Ceilings:
         return asdict(self)
 
 
+def cache_root() -> Path:
+    """Where kernelab keeps what it measured or generated: ``$KERNELAB_CACHE`` (default
+    ``~/.cache/kernelab``)."""
+    return Path(os.environ.get("KERNELAB_CACHE") or Path.home() / ".cache" / "kernelab")
+
+
+def slug(text: str) -> str:
+    """``text`` as a file-name part (letters and digits kept, the rest dashes)."""
+    return "".join(c if c.isalnum() else "-" for c in text)
+
+
 def cache_path(gpu: str, torch_version: str) -> Path:
-    root = Path(os.environ.get("KERNELAB_CACHE", Path.home() / ".cache" / "kernelab"))
-    slug = "".join(c if c.isalnum() else "-" for c in f"{gpu}-{torch_version}")
-    return root / f"ceilings-{slug}.json"
+    return cache_root() / f"ceilings-{slug(f'{gpu}-{torch_version}')}.json"
 
 
 def load_cached_ceilings(path: Path) -> Ceilings | None:

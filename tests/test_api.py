@@ -279,3 +279,17 @@ def test_sweep_plot_keeps_coinciding_modes_apart(tmp_path):
     assert text.count("inductor and kernelab pay from n = 1e+07") == 1 and "pays from" not in text
     # the two coinciding lines are drawn differently (the later one dashed and thinner, on top)
     assert "stroke-dasharray" in text
+
+
+def test_kernelab_gemm_ops_count_as_one_kernel_where_eager_launches_several():
+    """kernelab.ops.linear with GELU and bias is one kernel (eager: cuBLASLt's gemm+bias, then
+    GELU); swiglu_linear is one kernel reading x and both weights once (eager: two GEMMs, SiLU, mul)."""
+    x, w, b, w2 = torch.randn(64, 32), torch.randn(48, 32), torch.randn(48), torch.randn(48, 32)
+    eager = kernelab.count(lambda x, w, b: F.gelu(F.linear(x, w, b)), x, w, b, predict=True)
+    fused = kernelab.count(lambda x, w, b: kernelab.ops.linear(x, w, b, "gelu"), x, w, b, predict=True)
+    assert (len(eager.kernels), len(fused.kernels)) == (2, 1)
+    eager = kernelab.count(lambda x, a, c: F.silu(F.linear(x, a)) * F.linear(x, c), x, w, w2, predict=True)
+    fused = kernelab.count(lambda x, a, c: kernelab.ops.swiglu_linear(x, a, c), x, w, w2, predict=True)
+    assert (len(eager.kernels), len(fused.kernels)) == (4, 1)
+    (kernel,) = fused.kernels
+    assert (kernel.bytes_read, kernel.bytes_written) == ((64 * 32 + 2 * 48 * 32) * 4, 64 * 48 * 4)

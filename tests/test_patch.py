@@ -267,9 +267,9 @@ class HiddenEpsNorm(ScaleNorm):
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, h, i, act=None, dropout=0.0, formula="gate_up"):
+    def __init__(self, h, i, act=None, dropout=0.0, formula="gate_up", bias=True):
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(h, i), nn.Linear(h, i), nn.Linear(i, h)
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(h, i, bias), nn.Linear(h, i, bias), nn.Linear(i, h)
         self.act = act or nn.SiLU()
         self.drop = nn.Dropout(dropout)
         self.formula = formula
@@ -485,6 +485,50 @@ def test_fused_lm_head_refused_where_the_forward_does_more():
     report = kernelab.patch(model, fused_lm_head=True)
     assert any(s.kind == "loss" and "fused LM head: fused loss differs" in s.reason for s in report.skipped)
     assert [s.op for s in report.swapped if s.kind == "loss"] == ["cross_entropy (causal LM: labels shifted)"]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_fused_mlp_equals_unpatched_and_runs_the_dual_gemm(name, monkeypatch):
+    model, inputs = _build(name)
+    ref_loss, ref_grads = _step(model, inputs)
+    report = kernelab.patch(model, fused_mlp=True)
+    layers = model.config.num_hidden_layers
+    assert _swap_counts(report)[("mlp", "swiglu_linear")] == layers, str(report)
+    calls = _Calls(monkeypatch, names=("swiglu_linear", "silu_mul"))
+    loss, grads = _step(model, inputs)
+    _assert_same_step(loss, grads, ref_loss, ref_grads)
+    assert calls.counts == {"swiglu_linear": layers, "silu_mul": 0}
+    # a hook on gate: the products are computed apart (the hook sees gate(x)), silu_mul fused
+    seen = []
+    model.model.layers[0].mlp.gate_proj.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    loss, grads = _step(model, inputs)
+    _assert_same_step(loss, grads, ref_loss, ref_grads)
+    assert len(seen) == 1 and calls.counts == {"swiglu_linear": 2 * layers - 1, "silu_mul": 1}
+
+
+@pytest.mark.parametrize("module, words", [
+    (GatedMLP(48, 80, nn.GELU(), bias=False), "fused_mlp: gated gelu"),
+    (GatedMLP(48, 80, bias=True), "fused_mlp: gate or up has a bias"),
+])
+def test_fused_mlp_refusals_keep_the_activation_kernel(module, words):
+    module = _randomized(module)
+    x = _x(2, 7, 48)
+    with torch.no_grad():
+        before = module(x)
+    report = kernelab.patch(module, fused_mlp=True)
+    assert len(report.swapped) == 1 and words in report.swapped[0].op, report.swapped[0].op
+    assert not report.swapped[0].op.startswith("swiglu_linear")
+    with torch.no_grad():
+        assert torch.allclose(module(x), before, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_mlp_under_autocast_falls_back_to_separate_products(monkeypatch):
+    module = _randomized(GatedMLP(48, 80, bias=False))
+    assert kernelab.patch(module, fused_mlp=True).swapped[0].op.startswith("swiglu_linear")
+    calls = _Calls(monkeypatch, names=("swiglu_linear", "silu_mul"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = module(_x(2, 7, 48))
+    assert y.dtype == torch.bfloat16 and calls.counts == {"swiglu_linear": 0, "silu_mul": 1}
 
 
 # ============================================================================= the report

@@ -1,4 +1,6 @@
-"""``kernelab bench OP [--shapes MxN ...] [--dtype bf16] [--backward] [--out DIR]``.
+"""``kernelab bench OP [--shapes MxN ...] [--dtype bf16] [--backward] [--out DIR]``;
+``kernelab bench linear [--shapes MxKxN ...] [--out DIR] [--budget-s S] [--max-autotune]`` (the
+GEMM grid of ``kernelab.bench.linear``: its own sections, table, CSV and plot).
 
 Wire into the main CLI with ``add_parser(subparsers)``; ``run(args)`` returns the exit status.
 """
@@ -10,12 +12,15 @@ import argparse
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
 
-def _shape(text: str) -> tuple[int, int]:
+def _shape(text: str) -> tuple[int, ...]:
+    """MxN (the row ops) or MxKxN (linear: rows, in features, out features); checked per op later."""
     try:
-        m, n = (int(v) for v in text.lower().split("x"))
+        dims = tuple(int(v) for v in text.lower().split("x"))
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"shape {text!r} is not MxN") from e
-    return m, n
+        raise argparse.ArgumentTypeError(f"shape {text!r} is not MxN or MxKxN") from e
+    if len(dims) not in (2, 3) or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"shape {text!r} is not MxN or MxKxN of positive sizes")
+    return dims
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -32,6 +37,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--providers", nargs="+", default=None, help="subset of kernelab eager compile liger")
     p.add_argument("--out", default="benchmarks/results", help="directory for the CSV and plots")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--budget-s", type=float, default=150.0, help="linear: no section starts after this many seconds")
+    p.add_argument("--max-autotune", action="store_true",
+                   help="linear: also Inductor's max-autotune on two shapes (minutes of tuning)")
     p.set_defaults(func=run)
     return p
 
@@ -55,6 +63,22 @@ def _check_request(args) -> list[str]:
     return names
 
 
+def _run_linear(args) -> int:
+    """``kernelab bench linear``: the options the GEMM grid takes, the others refused."""
+    from kernelab.errors import KernelabError
+
+    from . import linear
+
+    if args.backward or args.providers or DTYPES[args.dtype] != "bfloat16":
+        raise KernelabError("kernelab bench linear: --backward, --providers and --dtype do not apply (it times every "
+                            "provider, forward and forward+backward, in bfloat16)")
+    if any(len(s) != 3 for s in args.shapes or ()):
+        raise KernelabError("kernelab bench linear: shapes are MxKxN (rows x in features -> out features)")
+    argv = [args.out, "--budget-s", str(args.budget_s)] + (["--max-autotune"] if args.max_autotune else [])
+    argv += ["--shapes", *("x".join(map(str, s)) for s in args.shapes)] if args.shapes else []
+    return linear.main(argv)
+
+
 def run(args) -> int:
     """Raises kernelab.errors.KernelabError for what the user can fix (the main command prints
     ``kernelab: error: ...`` and exits with 2)."""
@@ -65,6 +89,12 @@ def run(args) -> int:
 
     from . import report, runner
 
+    if args.op == "linear":
+        return _run_linear(args)
+    if "linear" in args.op.split(","):
+        raise KernelabError("kernelab bench linear runs alone (its grid is MxKxN GEMMs): bench it apart")
+    if any(len(s) != 2 for s in args.shapes or ()):
+        raise KernelabError("kernelab bench: shapes are MxN (rows x row length) for this op")
     names = _check_request(args)
     if not torch.cuda.is_available():
         raise KernelabError("kernelab bench needs a CUDA GPU and none is available: speed is only measured on real "

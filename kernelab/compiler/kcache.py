@@ -11,12 +11,13 @@ import importlib.util
 import os
 import warnings
 
+from ..hardware import cache_root
+
 __all__ = ["cache_dir", "kernel_module", "forget_imports"]
 
 
 def cache_dir() -> str:
-    root = os.environ.get("KERNELAB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kernelab")
-    return os.path.join(root, "compiler")
+    return str(cache_root() / "compiler")
 
 
 _MODULES: dict = {}

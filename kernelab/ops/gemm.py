@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..errors import KernelabError
-from . import _common
+from . import _common, gemm_tune
 from .pointwise import GELU, GELU_FAST, GELU_TANH, RELU, SILU, activation, activation_grad
 
 #: No activation (the identity): the activation codes of ``pointwise`` are 0..4.
@@ -124,10 +124,13 @@ def _halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, acc2, rows, cols, M, N, bias_ptr, res_ptr, y_ptr, z_ptr, z2_ptr, stride_rm, stride_rn, stride_ym,
-              ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_Z: tl.constexpr,
-              DUAL: tl.constexpr):
-    """Finish one [BLOCK_M, BLOCK_N] tile in float32 and store it (Y, and Z when asked)."""
+def _epilogue(acc, acc2, rows, cols, off_m, off_n, M, N, bias_ptr, res_ptr, y_ptr, z_ptr, z2_ptr, y_desc,
+              stride_rm, stride_rn, stride_ym, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+              STORE_Z: tl.constexpr, DUAL: tl.constexpr, TMA_STORE: tl.constexpr):
+    """Finish one [BLOCK_M, BLOCK_N] tile (at row off_m, column off_n; ``rows`` and ``cols`` its
+    indices) in float32 and store it (Y, and Z when asked). Y goes out through pointers, or with
+    TMA_STORE as one asynchronous bulk copy from shared memory (the copy engine clips the parts
+    past M and N; the registers are free as soon as it starts)."""
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     out = rows[:, None] * stride_ym + cols[None, :]
     dtype = y_ptr.dtype.element_ty
@@ -147,7 +150,10 @@ def _epilogue(acc, acc2, rows, cols, M, N, bias_ptr, res_ptr, y_ptr, z_ptr, z2_p
         if HAS_RESIDUAL:
             res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :] * stride_rn, mask=mask, other=0.0)
             y += res.to(tl.float32)
-    tl.store(y_ptr + out, y.to(dtype), mask=mask)
+    if TMA_STORE:
+        y_desc.store([off_m, off_n], y.to(dtype))
+    else:
+        tl.store(y_ptr + out, y.to(dtype), mask=mask)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -158,32 +164,40 @@ def _gemm_kernel(
     M, N, K,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_Z: tl.constexpr,
     DUAL: tl.constexpr, TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr,
-    PRECISION: tl.constexpr, INT64: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
+    PRECISION: tl.constexpr, INT64: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr, TMA_STORE: tl.constexpr,
+    FLATTEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """Y = act(A @ B^T + bias) + residual, or silu(A @ B^T) * (A @ B2^T) (DUAL), over [M, N].
 
-    Persistent: each program takes tiles pid, pid + programs, ... in grouped order; B2 shares B's
-    strides; Y, Z and Z2 are contiguous [M, N] (row stride stride_ym)."""
+    Persistent: each program takes tiles pid, pid + programs, ... in grouped order (FLATTEN: the
+    tile and K loops software-pipelined as one, so the next tile's loads overlap this tile's
+    epilogue); B2 shares B's strides; Y, Z and Z2 are contiguous [M, N] (row stride stride_ym)."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    EPILOGUE_N: tl.constexpr = BLOCK_N // 2 if SPLIT_EPILOGUE else BLOCK_N
+    y_desc = y_ptr
+    if TMA_STORE:
+        y_desc = tl.make_tensor_descriptor(y_ptr, shape=[M, N], strides=[stride_ym, 1],
+                                           block_shape=[BLOCK_M, EPILOGUE_N])
     if TMA:
         a_desc = _descriptor(a_ptr, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR)
         b_desc = _descriptor(b_ptr, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_K_MAJOR)
         b2_desc = b_desc
         if DUAL:
             b2_desc = _descriptor(b2_ptr, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_K_MAJOR)
-    for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
         if INT64:
             rows, cols = rows.to(tl.int64), cols.to(tl.int64)
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         # multiply: the K loop
         if TMA:
-            acc, acc2 = _k_loop_tma(a_desc, b_desc, b2_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, acc, acc2,
+            acc, acc2 = _k_loop_tma(a_desc, b_desc, b2_desc, off_m, off_n, K, acc, acc2,
                                     A_K_MAJOR, B_K_MAJOR, DUAL, PRECISION, BLOCK_K)
         else:
             # rows and columns past the end read row 0 (in range); their results are not stored
@@ -193,18 +207,19 @@ def _gemm_kernel(
                                          safe_rows, safe_cols, K, acc, acc2, DUAL, PRECISION, BLOCK_K)
         # finish: bias, activation, residual; store (in two column halves: fewer live registers)
         if SPLIT_EPILOGUE:
-            left = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
+            left = off_n + tl.arange(0, BLOCK_N // 2)
             if INT64:
                 left = left.to(tl.int64)
             acc_l, acc_r = _halves(acc, BLOCK_M, BLOCK_N)
             acc2_l, acc2_r = _halves(acc2, BLOCK_M, BLOCK_N)
-            _epilogue(acc_l, acc2_l, rows, left, M, N, bias_ptr, res_ptr, y_ptr, z_ptr, z2_ptr,
-                      stride_rm, stride_rn, stride_ym, ACT, HAS_BIAS, HAS_RESIDUAL, STORE_Z, DUAL)
-            _epilogue(acc_r, acc2_r, rows, left + BLOCK_N // 2, M, N, bias_ptr, res_ptr, y_ptr, z_ptr, z2_ptr,
-                      stride_rm, stride_rn, stride_ym, ACT, HAS_BIAS, HAS_RESIDUAL, STORE_Z, DUAL)
+            _epilogue(acc_l, acc2_l, rows, left, off_m, off_n, M, N, bias_ptr, res_ptr, y_ptr, z_ptr, z2_ptr,
+                      y_desc, stride_rm, stride_rn, stride_ym, ACT, HAS_BIAS, HAS_RESIDUAL, STORE_Z, DUAL, TMA_STORE)
+            _epilogue(acc_r, acc2_r, rows, left + BLOCK_N // 2, off_m, off_n + BLOCK_N // 2, M, N, bias_ptr, res_ptr,
+                      y_ptr, z_ptr, z2_ptr, y_desc, stride_rm, stride_rn, stride_ym, ACT, HAS_BIAS, HAS_RESIDUAL,
+                      STORE_Z, DUAL, TMA_STORE)
         else:
-            _epilogue(acc, acc2, rows, cols, M, N, bias_ptr, res_ptr, y_ptr, z_ptr, z2_ptr, stride_rm, stride_rn,
-                      stride_ym, ACT, HAS_BIAS, HAS_RESIDUAL, STORE_Z, DUAL)
+            _epilogue(acc, acc2, rows, cols, off_m, off_n, M, N, bias_ptr, res_ptr, y_ptr, z_ptr, z2_ptr, y_desc,
+                      stride_rm, stride_rn, stride_ym, ACT, HAS_BIAS, HAS_RESIDUAL, STORE_Z, DUAL, TMA_STORE)
 
 
 @triton.jit
@@ -249,7 +264,12 @@ def _activation_backward_kernel(
 # --------------------------------------------------------------------------- configurations
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
-    """One launch configuration of ``_gemm_kernel`` (for 16-bit inputs: float32 halves BLOCK_K)."""
+    """One launch configuration of ``_gemm_kernel`` (for 16-bit inputs: float32 halves BLOCK_K).
+
+    programs_per_sm: the persistent grid's programs per SM (2 where two fit: one program's
+    epilogue runs while the other's K loop keeps the tensor cores busy); flatten: the tile and K
+    loops pipelined as one; tma_store: Y stored by the copy engine (used only where the loads
+    use TMA and Y's rows are 16-byte aligned)."""
 
     block_m: int
     block_n: int
@@ -257,21 +277,34 @@ class GemmConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    programs_per_sm: int = 1
+    flatten: bool = False
+    tma_store: bool = False
 
 
 #: Candidates per shape class, best guess first (``pick_config`` takes the first; the benchmark
 #: times them all). Shared memory per stage: (BLOCK_M + BLOCK_N * (2 if dual else 1)) * BLOCK_K
-#: * 2 bytes, under the H200's 227 KB at these stage counts. Decode rows (M <= 16) read the weight
-#: once: narrow column blocks give the SMs enough tiles, deep K blocks keep loads in flight.
+#: * 2 bytes, under the H200's 227 KB at these stage counts (a TMA store adds a [BLOCK_M, BLOCK_N / 2]
+#: staging tile). Decode rows (M <= 16) read the weight once: narrow column blocks give the SMs
+#: enough tiles, deep K blocks keep loads in flight. Schedules: two programs an SM (128 x 128 x 64
+#: at 3 stages fits twice: 96-115 KB and 105-128 registers a thread at 8 warps, ``python -m
+#: tests.ops.sm90 --gemm``), the flattened loop, TMA stores.
+_C = GemmConfig
 CONFIGS = {
-    "decode": (GemmConfig(16, 64, 256, 1, 4, 4), GemmConfig(16, 128, 128, 1, 4, 5), GemmConfig(16, 32, 512, 1, 4, 3)),
-    "small": (GemmConfig(128, 128, 64, 8, 8, 4), GemmConfig(64, 128, 64, 8, 4, 4), GemmConfig(64, 64, 64, 8, 4, 4)),
-    "large": (GemmConfig(128, 256, 64, 8, 8, 3), GemmConfig(128, 128, 64, 8, 8, 4), GemmConfig(128, 128, 64, 8, 4, 4),
-              GemmConfig(256, 128, 64, 8, 8, 3)),
+    "decode": (_C(16, 64, 256, 1, 4, 4), _C(16, 128, 128, 1, 4, 5), _C(16, 32, 512, 1, 4, 3)),
+    "small": (_C(128, 128, 64, 8, 8, 4), _C(64, 128, 64, 8, 4, 4), _C(64, 64, 64, 8, 4, 4),
+              _C(128, 128, 64, 8, 8, 3, programs_per_sm=2, tma_store=True)),
+    # the H200 run of 2026-12-03 (linear_bench's tune, bf16, 9 shapes, gelu+bias): the flattened loop
+    # best at 5 of 9 (geomean 0.97 of each shape's best), two programs an SM best at 8192 x 768 and
+    # 4096 -> 14336 (0.94), the old first 0.89
+    "large": (_C(128, 256, 64, 8, 8, 3, flatten=True), _C(128, 128, 64, 8, 8, 3, programs_per_sm=2),
+              _C(128, 128, 64, 8, 8, 4, flatten=True, tma_store=True), _C(256, 128, 64, 8, 8, 3),
+              _C(256, 128, 64, 8, 8, 3, flatten=True), _C(128, 256, 64, 8, 8, 3)),
     # two float32 accumulators: at most 128 x 128 per program
-    "dual_decode": (GemmConfig(16, 64, 128, 1, 4, 4), GemmConfig(16, 32, 256, 1, 4, 3)),
-    "dual_small": (GemmConfig(64, 128, 64, 8, 4, 3), GemmConfig(64, 64, 64, 8, 4, 4)),
-    "dual_large": (GemmConfig(128, 128, 64, 8, 8, 3), GemmConfig(128, 64, 64, 8, 4, 4), GemmConfig(64, 128, 64, 8, 4, 4)),
+    "dual_decode": (_C(16, 64, 128, 1, 4, 4), _C(16, 32, 256, 1, 4, 3)),
+    "dual_small": (_C(64, 128, 64, 8, 4, 3), _C(64, 64, 64, 8, 4, 4)),
+    "dual_large": (_C(128, 128, 64, 8, 8, 3), _C(128, 64, 64, 8, 4, 4), _C(64, 128, 64, 8, 4, 4),
+                   _C(128, 128, 64, 8, 8, 3, tma_store=True), _C(128, 128, 64, 8, 8, 3, flatten=True, tma_store=True)),
 }
 
 
@@ -372,7 +405,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, b2: torch.Tensor | None = None, bi
          config: GemmConfig | None = None, tma: bool | None = None):
     """(Y, Z, Z2) for A [M, K] and B [N, K] (views of any strides; B2 with B's strides), see the
     module docstring; Z and Z2 are None unless ``store_z``. ``config``: None picks the first
-    candidate of the shape's class; ``tma``: see ``_use_tma``. Inputs share one dtype and device."""
+    candidate of the shape's class, or with ``gemm_tune.TUNE`` the fastest, timed on the first call
+    of the shape and remembered on disk; ``tma``: see ``_use_tma``. Inputs share one dtype and device."""
     (m, k), n = a.shape, b.shape[0]
     dual, dtype, device = b2 is not None, a.dtype, a.device
     y = _common.empty((m, n), dtype, device)
@@ -380,24 +414,60 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, b2: torch.Tensor | None = None, bi
     z2 = _common.empty((m, n), dtype, device) if store_z and dual else None
     if m == 0 or n == 0:
         return y, z, z2
-    config = config or _first_config(m, n, dual, dtype, device)
     use_tma, a_k_major, b_k_major = _use_tma(a, b, tma)
+    if config is None:
+        if gemm_tune.TUNE:
+            key = (m, n, k, dtype, dual, act, bias is not None, residual is not None, store_z, use_tma, a_k_major,
+                   b_k_major, _precision(dtype))
+            config = gemm_tune.choose(key, candidates(m, n, dual, dtype, device), lambda c: gemm(
+                a, b, b2=b2, bias=bias, residual=residual, act=act, store_z=store_z, config=c, tma=tma), device)
+        else:
+            config = _first_config(m, n, dual, dtype, device)
     if use_tma and not _common.INTERPRETED:
         triton.set_allocator(_scratch)  # per launch: the allocator is a context variable (autograd's threads)
     tiles = _common.cdiv(m, config.block_m) * _common.cdiv(n, config.block_n)
     res = residual if residual is not None else y
-    launch = _gemm_launch(config, act, bias is not None, residual is not None, store_z, dual, use_tma, a_k_major,
-                          b_k_major, _precision(dtype), _common.needs_int64(a, b, res, y))
+    tma_store = use_tma and config.tma_store and (n * y.element_size()) % 16 == 0
+    launch, constexprs = _gemm_launch(config, act, bias is not None, residual is not None, store_z, dual, use_tma,
+                                      a_k_major, b_k_major, _precision(dtype), _common.needs_int64(a, b, res, y),
+                                      tma_store)
     (sam, sak), (sbn, sbk) = a.stride(), b.stride()
     srm, srn = residual.stride() if residual is not None else (n, 1)  # y and z: contiguous, row stride n
-    launch(
-        (min(tiles, _common.sm_count(device)),),
-        a, b, b2 if dual else b, bias if bias is not None else y, res, y,
-        z if z is not None else y, z2 if z2 is not None else y,
-        sam, sak, sbn, sbk, srm, srn, n,
-        m, n, k,
-    )
+    args = (a, b, b2 if dual else b, bias if bias is not None else y, res, y,
+            z if z is not None else y, z2 if z2 is not None else y,
+            sam, sak, sbn, sbk, srm, srn, n,
+            m, n, k)
+    launch((min(tiles, _programs_per_sm(config, args, constexprs, device) * _common.sm_count(device)),), *args)
     return y, z, z2
+
+
+def _programs_per_sm(config: GemmConfig, args: tuple, constexprs: dict, device: torch.device) -> int:
+    """``config.programs_per_sm``, capped by the programs one SM can hold of the compiled kernel
+    (``_common.resident_per_sm``): a persistent program that cannot start until another ends
+    would run its tiles after the wave, a tail as long as the wave."""
+    if config.programs_per_sm == 1:
+        return 1
+    resident = _common.resident_per_sm(_gemm_kernel, args, config.num_warps, device, constexprs,
+                                       key=("gemm", tuple(constexprs.items()), args[0].dtype, device))
+    return max(1, min(config.programs_per_sm, resident or 1))
+
+
+#: Who runs a product with nothing to fuse (the backward's dX and dW, on transposed views):
+#: "cublas" (torch.mm / torch.addmm: split-K and tiles tuned per shape, e.g. dW's tall K on a small
+#: output) or "triton" (``gemm``). ``benchmarks/linear_bench.py`` times both.
+PLAIN_PRODUCTS = "cublas"
+
+
+def plain(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor | None = None,
+          engine: str | None = None) -> torch.Tensor:
+    """A @ B^T (+ residual) for A [M, K], B [N, K] of any strides, by ``engine`` (default
+    ``PLAIN_PRODUCTS``); float32 inputs follow ``torch.backends.cuda.matmul.allow_tf32`` either way."""
+    engine = engine or PLAIN_PRODUCTS
+    if engine == "cublas":
+        return torch.mm(a, b.t()) if residual is None else torch.addmm(residual, a, b.t())
+    if engine != "triton":
+        raise KernelabError(f"gemm: unknown engine {engine!r} for plain products (choose 'cublas' or 'triton')")
+    return gemm(a, b, residual=residual)[0]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -408,15 +478,16 @@ def _first_config(m: int, n: int, dual: bool, dtype: torch.dtype, device: torch.
 
 @functools.lru_cache(maxsize=1024)
 def _gemm_launch(config: GemmConfig, act: int, has_bias: bool, has_residual: bool, store_z: bool, dual: bool,
-                 tma: bool, a_k_major: bool, b_k_major: bool, precision: str, int64: bool):
-    """``_gemm_kernel`` prepared with these constexprs, the config's tiles, warps and stages (cached:
-    host time per call)."""
-    return _common.prepared(
-        _gemm_kernel, ACT=act, HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual, STORE_Z=store_z, DUAL=dual, TMA=tma,
+                 tma: bool, a_k_major: bool, b_k_major: bool, precision: str, int64: bool, tma_store: bool):
+    """(``_gemm_kernel`` prepared with these constexprs, the config's tiles, warps and stages; the
+    keywords) (cached: host time per call)."""
+    keywords = dict(
+        ACT=act, HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual, STORE_Z=store_z, DUAL=dual, TMA=tma,
         A_K_MAJOR=a_k_major, B_K_MAJOR=b_k_major, PRECISION=precision, INT64=int64,
-        SPLIT_EPILOGUE=config.block_n >= 128, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
+        SPLIT_EPILOGUE=config.block_n >= 128, TMA_STORE=tma_store, FLATTEN=config.flatten, BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m, num_stages=config.num_stages,
     )
+    return _common.prepared(_gemm_kernel, num_warps=config.num_warps, **keywords), keywords
 
 
 def activation_backward(dy: torch.Tensor, z: torch.Tensor | None, act: int, has_bias: bool,

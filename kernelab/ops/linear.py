@@ -11,7 +11,8 @@ X is [..., K], W [N, K] (F.linear's layout). The forward is one GEMM kernel (``g
 epilogue applies bias, activation and residual to the float32 accumulator: Y written once, where
 eager PyTorch writes X @ W^T + b and reads it back for the activation and again for the residual.
 The backward applies act' once (one pointwise kernel, which also reduces db per program), then
-runs the same GEMM kernel for dX and dW on transposed views (no copies; no epilogue).
+runs dX and dW on transposed views (no copies) as plain products: nothing is left to fuse there,
+so ``gemm.PLAIN_PRODUCTS`` picks cuBLAS (default) or the same GEMM kernel.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def _linear_backward(dy, x, weight, z, activation: str, has_bias: bool, needs: l
     dy2 = _flat(dy, n)
     act = gemm.code_for(activation, x.dtype)
     dz, _, db = gemm.activation_backward(dy2, z if activation != "none" else None, act, has_bias and needs[2])
-    dx = gemm.gemm(dz, weight.t())[0].view(x.shape) if needs[0] else _no_output(x)
-    dw = gemm.gemm(dz.t(), _flat(x, k).t())[0] if needs[1] else _no_output(x)
+    dx = gemm.plain(dz, weight.t()).view(x.shape) if needs[0] else _no_output(x)
+    dw = gemm.plain(dz.t(), _flat(x, k).t()) if needs[1] else _no_output(x)
     return dx, dw, db if db is not None else _no_output(x)
 
 
@@ -88,10 +89,9 @@ def _swiglu_backward(dy, x, w_gate, w_up, g, u, needs: list[bool]):
     x2 = _flat(x, k)
     dx = _no_output(x)
     if needs[0]:
-        dx = gemm.gemm(dg, w_gate.t())[0]
-        dx = gemm.gemm(du, w_up.t(), residual=dx)[0].view(x.shape)
-    dwg = gemm.gemm(dg.t(), x2.t())[0] if needs[1] else _no_output(x)
-    dwu = gemm.gemm(du.t(), x2.t())[0] if needs[2] else _no_output(x)
+        dx = gemm.plain(du, w_up.t(), residual=gemm.plain(dg, w_gate.t())).view(x.shape)
+    dwg = gemm.plain(dg.t(), x2.t()) if needs[1] else _no_output(x)
+    dwu = gemm.plain(du.t(), x2.t()) if needs[2] else _no_output(x)
     return dx, dwg, dwu
 
 

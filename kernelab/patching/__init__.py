@@ -64,7 +64,7 @@ def _forward_plans(path: str, module: nn.Module, options: dict, caches: dict) ->
     verdicts = []
     acts = mlp.candidate_activations(module, caches["activations"]) if options["mlp"] else []
     if acts:
-        verdicts.append(mlp.plan(path, module, acts))
+        verdicts.append(mlp.plan(path, module, acts, options["fused_mlp"]))
     if options["norms"] and norms.is_candidate(module) and not any(forward for _, forward in verdicts):
         verdicts.append(norms.plan(path, module, caches["dtypes"]))
     swaps = [(record, (module, "forward", forward)) for record, forward in verdicts if forward is not None]
@@ -95,17 +95,20 @@ def _loss_plans(path: str, model, options: dict) -> list:
 
 
 def patch(model: nn.Module, *, norms: bool = True, mlp: bool = True, loss: bool = True,
-          fused_lm_head: bool = False) -> PatchReport:
+          fused_lm_head: bool = False, fused_mlp: bool = False) -> PatchReport:
     """Swap ``model``'s norms, gated MLP activations and loss for kernelab ops, in place.
 
     Each kind can be turned off (``norms=False`` ...). ``fused_lm_head=True`` (with ``loss``) fuses
     a causal LM's head with its loss (``linear_cross_entropy``: no logits held; the output's
-    ``logits`` is then None when labels are given; see ``lm_head.py``). Returns a :class:`PatchReport`: every swap
+    ``logits`` is then None when labels are given; see ``lm_head.py``). ``fused_mlp=True`` (with
+    ``mlp``) makes a SiLU-gated MLP's gate and up products one dual GEMM (``swiglu_linear``)
+    where they are bias-free nn.Linear; the report says where not and why. Returns a :class:`PatchReport`: every swap
     (path, kind, op, module class) and every candidate left alone with the reason. Outputs and
     gradients match the unpatched model within the dtype's rounding; ``unpatch(model)`` undoes it.
     """
     model = _root(model)
-    options = {"norms": bool(norms), "mlp": bool(mlp), "loss": bool(loss), "fused_lm_head": bool(fused_lm_head)}
+    options = {"norms": bool(norms), "mlp": bool(mlp), "loss": bool(loss), "fused_lm_head": bool(fused_lm_head),
+               "fused_mlp": bool(fused_mlp)}
     state = model.__dict__.get(STATE_ATTR)
     if state is not None:
         if state.options != options:

@@ -194,8 +194,44 @@ def _make_forward(gate: str, up: str, down: str, act_mul, original):
     return install.marked(forward)
 
 
-def plan(path: str, module: nn.Module, acts: list[tuple[str, str]]):
-    """(Swap, new bound forward) or (Skip, None) for a module with activation children ``acts``."""
+def _dual_gemm_refusal(module, order, act) -> str | None:
+    """Why gate and up cannot be one ``swiglu_linear`` (None when they can): it computes SiLU
+    only, from two bias-free plain nn.Linear weights of one dtype."""
+    gate, up = (getattr(module, name) for name in order)
+    if act != "silu":
+        return f"fused_mlp: gated {act} (the dual GEMM computes SiLU only)"
+    if type(gate) is not nn.Linear or type(up) is not nn.Linear:
+        return "fused_mlp: gate or up is a subclass of nn.Linear (its forward may differ)"
+    if gate.bias is not None or up.bias is not None:
+        return "fused_mlp: gate or up has a bias"
+    if gate.weight.dtype != up.weight.dtype:
+        return "fused_mlp: gate and up weights differ in dtype"
+    return None
+
+
+def _hooked(*modules) -> bool:
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def _make_dual_forward(gate: str, up: str, down: str, act_mul, original):
+    """down(swiglu_linear(x, gate.weight, up.weight)): both products and SiLU * up in one kernel,
+    where nothing else would see gate(x) or up(x): no hooks on them, no autocast (which would cast
+    inside F.linear), x in the weights' dtype; else the forward of ``_make_forward``."""
+    def forward(self, x, *args, **kwargs):
+        if args or kwargs:
+            return original(self, x, *args, **kwargs)
+        g, u = getattr(self, gate), getattr(self, up)
+        if x.dtype != g.weight.dtype or _hooked(g, u) or torch.is_autocast_enabled(x.device.type):
+            return getattr(self, down)(act_mul(g(x), u(x)))
+        return getattr(self, down)(ops.swiglu_linear(x, g.weight, u.weight))
+
+    return install.marked(forward)
+
+
+def plan(path: str, module: nn.Module, acts: list[tuple[str, str]], dual_gemm: bool = False):
+    """(Swap, new bound forward) or (Skip, None) for a module with activation children ``acts``;
+    ``dual_gemm``: gate and up as one ``swiglu_linear`` where they can be (else the activation
+    kernel alone, the refusal in the record's op)."""
     cls = type(module).__name__
     orders, down, reason = _gated_linears(module)
     reason = reason or _refusal(module, acts)
@@ -205,5 +241,12 @@ def plan(path: str, module: nn.Module, acts: list[tuple[str, str]]):
     if reason:
         return Skip(path, "mlp", reason, cls), None
     label, act_mul = FUSED[act]
+    names = f"(gate={order[0]}, up={order[1]}, down={down})"
+    if dual_gemm:
+        refusal = _dual_gemm_refusal(module, order, act)
+        if refusal is None:
+            forward = _make_dual_forward(order[0], order[1], down, act_mul, type(module).forward)
+            return Swap(path, "mlp", f"swiglu_linear {names}", cls), install.bind(forward, module)
+        label = f"{label} [{refusal}]"
     forward = _make_forward(order[0], order[1], down, act_mul, type(module).forward)
-    return Swap(path, "mlp", f"{label} (gate={order[0]}, up={order[1]}, down={down})", cls), install.bind(forward, module)
+    return Swap(path, "mlp", f"{label} {names}", cls), install.bind(forward, module)

@@ -5,6 +5,10 @@ cannot (Triton front-end rules, register spills).
 Run as ``python -m tests.ops.sm90`` WITHOUT TRITON_INTERPRET (kernels must be JIT functions);
 prints one line per configuration and exits non-zero when one fails to compile.
 
+``python -m tests.ops.sm90 --gemm [M,N,K,GROUP,WARPS,STAGES,PER_SM,FLATTEN,TMA_STORE ...]``: the
+GEMM configurations (the table and these), bf16 with TMA loads: registers, spills, shared memory,
+programs per SM.
+
 ``python -m tests.ops.sm90 --norms [WIDTH ...]``: the norm kernels at the model widths of the
 benchmark grid (``kernelab.bench.specs.MODEL_ROW_GRID``), bf16, for each launch setting that
 ``benchmarks/norm_tune.py`` times: registers, spills, shared memory, programs one SM runs at once
@@ -189,6 +193,39 @@ def norm_table(widths=None) -> int:
     return 1 if failures else 0
 
 
+def gemm_table(configs=None) -> int:
+    """One line per GEMM configuration (``gemm.CONFIGS`` and ``configs``): what ptxas made of the
+    kernel for bf16 TMA loads with a gelu + bias epilogue (and the dual GEMM for dual classes),
+    and the programs one SM can hold (what ``GemmConfig.programs_per_sm`` may ask for)."""
+    from kernelab.ops import _common, gemm
+
+    gemm.tma_supported = lambda device: True
+    failures = 0
+    todo = [(kind, c) for kind, cs in gemm.CONFIGS.items() for c in cs] + [("extra", c) for c in configs or ()]
+    for kind, config in todo:
+        dual = kind.startswith("dual")
+        m, n, k = 256, 256, 256
+        a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
+        bias = torch.randn(n, dtype=torch.bfloat16)
+        if dual:
+            work = lambda: gemm.gemm(a, b, b2=b.clone(), config=config)  # noqa: E731
+        else:
+            work = lambda: gemm.gemm(a, b, bias=bias, act=gemm.code_for("gelu", a.dtype), config=config)  # noqa: E731
+        for kernel, args, kwargs in record_launches(work):
+            try:
+                r = compile_sm90(kernel, args, kwargs)
+            except Exception as e:  # noqa: BLE001 - report every failure, keep going
+                failures += 1
+                print(f"FAIL {kind:12s} {config}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                continue
+            per_sm = _common.occupancy(r["regs"], r["shared"], config.num_warps)
+            print(f"{kind:12s} {config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}"
+                  f" p{config.programs_per_sm} flat={int(config.flatten)} tmastore={int(config.tma_store)}"
+                  f" regs={r['regs']:3d} spill={r['stack'] + r['local']:4d} smem={r['shared']:6d} per_sm={per_sm}",
+                  flush=True)
+    return 1 if failures else 0
+
+
 def main() -> int:
     from kernelab.ops import _common
 
@@ -197,6 +234,10 @@ def main() -> int:
     _common.sm_count = lambda device: 132
     if sys.argv[1:2] == ["--norms"]:
         return norm_table([int(a) for a in sys.argv[2:]] or None)
+    if sys.argv[1:2] == ["--gemm"]:
+        from kernelab.ops import gemm
+
+        return gemm_table([gemm.GemmConfig(*(int(v) for v in spec.split(","))) for spec in sys.argv[2:]])
     done, failures = set(), 0
     for label, work in workloads():
         for kernel, args, kwargs in record_launches(work):

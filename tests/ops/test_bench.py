@@ -119,6 +119,41 @@ def test_cli_parser_and_no_gpu():
             cli.run(args)
 
 
+def test_bench_linear_command_checks_its_arguments():
+    from kernelab.errors import KernelabError
+
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "linear", "--shapes", "64x32x48", "--budget-s", "5"])
+    assert args.shapes == [(64, 32, 48)] and args.budget_s == 5
+    for argv, words in ((["bench", "linear", "--shapes", "64x32"], "shapes are MxKxN"),
+                        (["bench", "linear", "--backward"], "do not apply"),
+                        (["bench", "softmax,linear"], "runs alone"),
+                        (["bench", "softmax", "--shapes", "4x8x9"], "shapes are MxN")):
+        with pytest.raises(KernelabError, match=words):
+            cli.run(parser.parse_args(argv))
+    if not torch.cuda.is_available():
+        with pytest.raises(KernelabError, match="needs a CUDA GPU"):
+            cli.run(args)
+
+
+def test_bench_linear_smoke_run_writes_csv_table_and_plot(tmp_path, capsys):
+    """The whole GEMM benchmark on CPU tensors under the interpreter (tiny shapes, wall clock):
+    every section runs, nothing is WRONG, the CSV and the plot are written and read back."""
+    from kernelab.bench import linear
+
+    assert linear.main([str(tmp_path), "--smoke"]) == 0
+    out = capsys.readouterr().out
+    for section in ("configurations (tune)", "epilogue", "tune dual", "fwd+bwd", "swiglu fwd+bwd"):
+        assert section in out
+    rows = linear.read_csv(tmp_path / "linear_bench.csv")
+    assert rows and not [r for r in rows if r["status"] not in ("ok",)]
+    assert {r["section"] for r in rows} >= {"check", "tune", "fwd", "epilogue", "fwd+bwd", "swiglu fwd"}
+    assert (tmp_path / "linear_bench.png").stat().st_size > 0
+    assert linear.main([str(tmp_path / "again.png"), "--plot-from", str(tmp_path / "linear_bench.csv")]) == 0
+    assert (tmp_path / "again.png").exists()
+
+
 def test_wins_by_both_timers_and_untimed_rows():
     """best_peer_ratios / wins_table: kernelab against the fastest peer, by do_bench and by the
     GPU-only time where it was taken; a 0 ms (untimed, compile-ahead) row gets no ratio and no TB/s."""

@@ -2,6 +2,8 @@
 float64 reference, every epilogue, odd and decode shapes, non-contiguous and empty inputs, both
 tile loaders (pointers and TMA descriptors, which the 3.8 interpreter runs), torch.compile, errors."""
 
+import dataclasses
+import json
 import math
 
 import pytest
@@ -86,6 +88,26 @@ def test_decode_rows(m):
     check_linear(*make((m,), 100, 300, torch.float16, seed=m), "silu")
 
 
+@pytest.mark.parametrize("engine", ["cublas", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_products_by_either_engine(monkeypatch, engine, dtype):
+    """The backward's plain products (dX, dW; SwiGLU's dX as two products, the second adding the
+    first) by torch.mm/addmm or by the GEMM kernel on transposed views: the same gradients."""
+    monkeypatch.setattr(gemm, "PLAIN_PRODUCTS", engine)
+    check_linear(*make((2, 9), 40, 72, dtype, seed=3), "gelu")
+    x = randn((2, 9, 72), dtype, seed=4)
+    check_swiglu(x, randn((40, 72), dtype, scale=1 / 8, seed=5), randn((40, 72), dtype, scale=1 / 8, seed=6))
+
+
+def test_plain_product_engines():
+    a, b, r = (torch.randn(s, dtype=torch.float32) for s in ((5, 7), (6, 7), (5, 6)))
+    want = a.double() @ b.double().T + r.double()
+    for engine in ("cublas", "triton"):
+        assert_close(gemm.plain(a, b, r, engine=engine), want, torch.float32, engine)
+    with pytest.raises(KernelabError, match="unknown engine 'cutlass'"):
+        gemm.plain(a, b, engine="cutlass")
+
+
 def test_noncontiguous_inputs():
     x, w, b, r = make((5, 3), 40, 24, torch.float32, noncontig=True)
     check_linear(x, w, b, r, "gelu_tanh")
@@ -168,6 +190,26 @@ def test_every_configuration(kind, tma):
             assert_close(y, ref, torch.float16, f"{kind} {config} transposed")
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("options", [dict(programs_per_sm=2), dict(flatten=True), dict(tma_store=True),
+                                     dict(programs_per_sm=2, flatten=True, tma_store=True)], ids=str)
+def test_schedule_options(tma, options):
+    """Two programs an SM, the flattened tile-and-K loop and the copy engine's stores change the
+    schedule, never the values: every epilogue, partial tiles, several tiles per program; a
+    TMA store is skipped where Y's rows are not 16-byte aligned (N = 71 in float16)."""
+    for n in (72, 71):
+        config = gemm.GemmConfig(32, 32, 32, 2, 4, 3, **options)
+        x, w, b, r = (t.detach() for t in make((70,), n, 80, torch.float16, seed=n))
+        for act in ("gelu", "silu"):
+            y, z, _ = gemm.gemm(x, w, bias=b, residual=r, act=gemm.code_for(act, x.dtype), store_z=True, config=config,
+                                tma=tma)
+            assert_close(y, reference(*(t.double() for t in (x, w, b, r)), act), torch.float16, f"{options} {act}")
+            assert_close(z, F.linear(x.double(), w.double(), b.double()), torch.float16, f"{options} Z")
+        y, _, _ = gemm.gemm(x, w, b2=w.flip(0), config=config, tma=tma)
+        want = F.silu(x.double() @ w.double().T) * (x.double() @ w.flip(0).double().T)
+        assert_close(y, want, torch.float16, f"{options} dual")
+
+
 def test_tma_needs_aligned_operands():
     a = torch.randn(4, 7)  # 28-byte rows: no descriptor
     with pytest.raises(KernelabError, match="tma=True"):
@@ -220,3 +262,39 @@ def test_errors():
         L.swiglu_linear(x, w, torch.randn(6, 4))
     with pytest.raises(KernelabError, match="w_up is torch.float64"):
         L.swiglu_linear(x, w, w.double())
+
+
+# --------------------------------------------------------------------------- per-shape tuning
+def test_tuning_picks_the_fastest_and_remembers_it_on_disk(monkeypatch, tmp_path):
+    """With gemm_tune.TUNE the first call of a shape times every candidate (here a fake timer
+    that makes the last one fastest), uses it, and writes it to $KERNELAB_CACHE; a new process
+    (the caches forgotten) reads it back without timing anything; an edited file is ignored."""
+    from kernelab.ops import gemm_tune
+
+    monkeypatch.setenv("KERNELAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(gemm_tune, "TUNE", True)
+    gemm_tune.forget()
+    a, b = torch.randn(40, 24), torch.randn(36, 24)
+    cands = gemm.candidates(40, 36, False, torch.float32, a.device)
+    timed = []
+
+    def fake_time(run):
+        timed.append(run)
+        return 10.0 - len(timed)  # each later candidate "faster"
+
+    monkeypatch.setattr(gemm_tune, "time_ms", fake_time)
+    y = gemm.gemm(a, b)[0]
+    assert_close(y, a.double() @ b.double().T, torch.float32, "tuned")
+    assert len(timed) == len(cands)
+    files = list(tmp_path.glob("gemm-tune-*.json"))
+    assert len(files) == 1 and list(json.loads(files[0].read_text()).values()) == [dataclasses.asdict(cands[-1])]
+    gemm_tune.forget()
+    timed.clear()
+    assert_close(gemm.gemm(a, b)[0], a.double() @ b.double().T, torch.float32, "from disk")
+    assert not timed
+    files[0].write_text("{not json")
+    gemm_tune.forget()
+    with pytest.warns(UserWarning, match="ignoring the GEMM tuning cache"):
+        gemm.gemm(a, b)
+    assert len(timed) == len(cands)
+    gemm_tune.forget()
