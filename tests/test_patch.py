@@ -506,6 +506,23 @@ def test_fused_mlp_equals_unpatched_and_runs_the_dual_gemm(name, monkeypatch):
     assert len(seen) == 1 and calls.counts == {"swiglu_linear": 2 * layers - 1, "silu_mul": 1}
 
 
+def test_fused_mlp_under_torch_compile_fullgraph():
+    model, inputs = _build("llama")
+    ref_loss, ref_grads = _step(model, inputs)
+    kernelab.patch(model, fused_mlp=True)
+    targets = []
+
+    def recording_backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    loss, grads = _step(torch.compile(model, backend=recording_backend, fullgraph=True), inputs)
+    _assert_same_step(loss, {k.removeprefix("_orig_mod."): v for k, v in grads.items()}, ref_loss, ref_grads)
+    assert targets.count("kernelab.swiglu_linear.default") == model.config.num_hidden_layers
+    assert targets.count("kernelab.pointwise.default") == 0  # no separate silu_mul
+
+
 @pytest.mark.parametrize("module, words", [
     (GatedMLP(48, 80, nn.GELU(), bias=False), "fused_mlp: gated gelu"),
     (GatedMLP(48, 80, bias=True), "fused_mlp: gate or up has a bias"),

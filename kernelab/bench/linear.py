@@ -11,7 +11,9 @@
    a tune over kernelab's configuration table (gelu + bias epilogue, each config checked first;
    the best one and the tuning time are reported), then every provider checked and timed:
    ours (none, gelu+bias, silu, residual), cuBLAS's plain product (torch.mm), eager
-   F.linear + F.gelu, torch.compile (default mode) of that eager function;
+   F.linear + F.gelu, torch.compile (default mode) of that eager function, timed in 3
+   interleaved rounds (median; "spread" = the largest (max - min) / median of the shape's rows:
+   differences below it are noise);
 4. forward+backward of gelu+bias (kernelab.ops.linear vs eager), swiglu_linear vs two cuBLAS
    products + silu * up (eager; Liger's silu_mul when installed).
 
@@ -215,11 +217,11 @@ def grid_shape(rows: list, shape, ceiling: float, compiled, max_autotune=None):
             rows.append(row("fwd", shape, "compile max-autotune", "gelu+bias",
                             status=f"error: {type(e).__name__}: {e}"[:200]))
         autotune_s = time.time() - start
-    for name, (fn, epilogue) in providers.items():
-        rows.append(measure("fwd", shape, name, epilogue, fn, lambda e=epilogue: reference(x, w, b, r, e), flops,
-                            ceiling, bytes_, config=cfg_str(config) if name.startswith("kernelab") else "",
-                            tune_s=tune_s if name.startswith("kernelab") else autotune_s if "max-autotune" in name
-                            else None))
+    entries = [(name, epilogue, fn, lambda e=epilogue: reference(x, w, b, r, e),
+                cfg_str(config) if name.startswith("kernelab") else "",
+                tune_s if name.startswith("kernelab") else autotune_s if "max-autotune" in name else None)
+               for name, (fn, epilogue) in providers.items()]
+    rows.extend(measure_rounds("fwd", shape, entries, flops, ceiling, bytes_))
 
 
 def epilogue_shape(rows: list, shape, ceiling: float):
@@ -229,12 +231,13 @@ def epilogue_shape(rows: list, shape, ceiling: float):
     m, k, n = shape
     x, w, b, r = inputs(m, k, n)
     flops, bytes_ = 2 * m * n * k, (n * k + m * k + m * n) * 2
+    entries = []
     for config in EPILOGUE_CONFIGS:
         for name, act in EPILOGUE_ACTS.items():
             bias = None if name == "none" else b
-            fn = lambda act=act, bias=bias: gemm.gemm(x, w, bias=bias, act=act, config=config)[0]  # noqa: E731
-            rows.append(measure("epilogue", shape, "kernelab", name, fn, None, flops, ceiling, bytes_,
-                                config=cfg_str(config)))
+            fn = lambda act=act, bias=bias, c=config: gemm.gemm(x, w, bias=bias, act=act, config=c)[0]  # noqa: E731
+            entries.append(("kernelab", name, fn, None, cfg_str(config), None))
+    rows.extend(measure_rounds("epilogue", shape, entries, flops, ceiling, bytes_))
 
 
 def fwd_bwd_shape(rows: list, shape, ceiling: float):
@@ -362,6 +365,38 @@ def measure(section, shape, provider, epilogue, fn, ref, flops, ceiling, bytes_,
                ceiling=ceiling, bytes_=bytes_)
 
 
+def measure_rounds(section, shape, entries, flops, ceiling, bytes_) -> list:
+    """Rows for ``entries`` [(provider, epilogue, fn, ref or None, config, tune_s)]: each checked
+    once, then timed in ROUNDS interleaved rounds (every entry once a round): ``ms`` is the median
+    of its rounds and ``spread`` (max - min) / median. The H200's clocks drift by several percent
+    within a run; rounds put every entry under the same drift, and the spread says how large a
+    difference between two entries must be to mean something (METHOD.md: time twice)."""
+    out, timed = [], []
+    for provider, epilogue, fn, ref, config, tune_s in entries:
+        try:
+            err = compare(fn(), ref()) if ref is not None else None
+        except Exception as e:  # noqa: BLE001 - one provider failing must not end the run
+            out.append(row(section, shape, provider, epilogue, status=f"error: {type(e).__name__}: {str(e)[:160]}",
+                           config=config))
+            continue
+        if err is not None and err > REL_TOL[DT]:
+            out.append(row(section, shape, provider, epilogue, rel_err=err, status="WRONG", config=config))
+            continue
+        timed.append((provider, epilogue, fn, err, config, tune_s, []))
+    for _ in range(ROUNDS):
+        for entry in timed:
+            entry[-1].append(TIMER(entry[2], [()]))
+    for provider, epilogue, fn, err, config, tune_s, times in timed:
+        ms = sorted(times)[len(times) // 2]
+        r = row(section, shape, provider, epilogue, ms=ms, rel_err=err, config=config, tune_s=tune_s, flops=flops,
+                ceiling=ceiling, bytes_=bytes_)
+        r["spread"] = (max(times) - min(times)) / ms
+        out.append(r)
+    return out
+
+
+#: timing rounds of ``measure_rounds`` (``--smoke``: 1)
+ROUNDS = 3
 ENV: dict = {}
 
 
@@ -479,14 +514,16 @@ def table(rows: list, ceiling: float, liger: bool) -> None:
     cols = {"cuBLAS mm": "cuBLAS mm", "eager": "eager gelu+b", "compile": "compile gelu+b",
             "compile max-autotune": "max-autotune", "kernelab none": "ours none",
             "kernelab gelu+bias": "ours gelu+b", "kernelab silu": "ours silu", "kernelab residual": "ours resid"}
-    print(f"{'shape MxK->N':22s}" + "".join(f"{c:>15s}" for c in cols.values()) + "  gelu/mm  gelu/compile  gelu/max-at  %ceil  best config (tune s)")
+    print(f"{'shape MxK->N':22s}" + "".join(f"{c:>15s}" for c in cols.values()) + "  gelu/mm  gelu/compile  gelu/max-at  %ceil  spread  best config (tune s)")
     for shape in dict.fromkeys(r["shape"] for r in rows if r["section"] == "fwd"):
         by = {r["provider"]: r for r in rows if r["section"] == "fwd" and r["shape"] == shape}
         ours_r, mm, comp, tuned = (by.get(p) for p in ("kernelab gelu+bias", "cuBLAS mm", "compile", "compile max-autotune"))
         ratio = lambda p: f"{p['ms'] / ours_r['ms']:.2f}" if ours_r and p and ours_r["ms"] and p["ms"] else "-"  # noqa: E731
         pct = f"{ours_r['pct_ceiling']:.0f}" if ours_r and ours_r["pct_ceiling"] else "-"
         extra = f"{ours_r['config']} ({ours_r['tune_s']:.1f})" if ours_r and ours_r["tune_s"] else ""
-        print(f"{shape:22s}" + "".join(f"{tf(by, c):>15s}" for c in cols) + f"  {ratio(mm):>7s}  {ratio(comp):>12s}  {ratio(tuned):>11s}  {pct:>5s}  {extra}")
+        spreads = [r["spread"] for r in by.values() if r.get("spread") is not None]
+        spread = f"{100 * max(spreads):.0f}%" if spreads else "-"
+        print(f"{shape:22s}" + "".join(f"{tf(by, c):>15s}" for c in cols) + f"  {ratio(mm):>7s}  {ratio(comp):>12s}  {ratio(tuned):>11s}  {pct:>5s}  {spread:>6s}  {extra}")
     tune_summary(rows)
     for section in ("epilogue", "tune dual", "fwd+bwd", "swiglu fwd", "swiglu fwd+bwd"):
         for shape in dict.fromkeys(r["shape"] for r in rows if r["section"] == section):
@@ -531,8 +568,8 @@ def main(argv=None) -> int:
         print(f"wrote {plot(read_csv(args.plot_from), args.out)}")
         return 0
     if args.smoke:
-        global DEVICE, TIMER, GRID, FWD_BWD, SWIGLU, SWIGLU_FWD_BWD, EPILOGUE_SHAPES, CHECKS, CEILING, DT
-        DEVICE, TIMER, DT = "cpu", wall_ms, torch.float16  # the interpreter's bf16 is unreliable
+        global ROUNDS, DEVICE, TIMER, GRID, FWD_BWD, SWIGLU, SWIGLU_FWD_BWD, EPILOGUE_SHAPES, CHECKS, CEILING, DT
+        DEVICE, TIMER, DT, ROUNDS = "cpu", wall_ms, torch.float16, 1  # the interpreter's bf16 is unreliable
         GRID, FWD_BWD, SWIGLU, SWIGLU_FWD_BWD, EPILOGUE_SHAPES, CHECKS, CEILING = (
             SMOKE[k] for k in ("GRID", "FWD_BWD", "SWIGLU", "SWIGLU_FWD_BWD", "EPILOGUE_SHAPES", "CHECKS", "CEILING"))
     elif not torch.cuda.is_available():

@@ -321,8 +321,9 @@ def shape_class(m: int, n: int, dual: bool, device: torch.device) -> str:
 
 def candidates(m: int, n: int, dual: bool, dtype: torch.dtype, device: torch.device) -> list[GemmConfig]:
     """The configurations to try for this shape, fitted to the dtype (float32: half BLOCK_K, so
-    that a stage holds the same bytes, and at least 8 warps where a tile has 128 x 128 or more:
-    with 4, sm_90 compiles spill)."""
+    that a stage holds the same bytes, tiles of at most 128 x 128 and 8 warps there: a 128 x 256
+    float32 tile spills 112-152 bytes a thread when compiled for sm_90, and 128 x 128 with 4
+    warps spills too)."""
     return list(_fitted(shape_class(m, n, dual, device), dtype))
 
 
@@ -331,9 +332,11 @@ def _fitted(kind: str, dtype: torch.dtype) -> tuple[GemmConfig, ...]:
     """CONFIGS[kind] fitted to ``dtype`` (see ``candidates``; cached: host time per call)."""
     configs = CONFIGS[kind]
     if dtype == torch.float32:
-        configs = tuple(dataclasses.replace(c, block_k=max(16, c.block_k // 2),
-                                            num_warps=8 if c.block_m * c.block_n >= 128 * 128 else c.num_warps)
-                        for c in configs)
+        configs = tuple(dict.fromkeys(  # (the caps can make two candidates one)
+            dataclasses.replace(c, block_m=min(c.block_m, 128), block_n=min(c.block_n, 128),
+                                block_k=max(16, c.block_k // 2),
+                                num_warps=8 if min(c.block_m, 128) * min(c.block_n, 128) >= 128 * 128 else c.num_warps)
+            for c in configs))
     return configs
 
 

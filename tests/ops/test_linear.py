@@ -218,10 +218,14 @@ def test_tma_needs_aligned_operands():
 
 
 def test_fp32_configs_fit():
-    """float32 halves BLOCK_K (same bytes per stage) and takes 8 warps for 128 x 128 tiles."""
-    for config in gemm.candidates(4096, 4096, False, torch.float32, torch.device("cpu")):
-        assert config.block_k >= 16
-        assert config.num_warps >= 8 or config.block_m * config.block_n < 128 * 128
+    """float32 halves BLOCK_K (same bytes per stage), caps tiles at 128 x 128 and takes 8 warps
+    there; no candidate twice."""
+    for m, n, dual in ((4096, 4096, False), (4096, 4096, True), (200, 300, False), (8, 4096, False)):
+        configs = gemm.candidates(m, n, dual, torch.float32, torch.device("cpu"))
+        assert len(set(configs)) == len(configs)
+        for config in configs:
+            assert config.block_k >= 16 and config.block_m <= 128 and config.block_n <= 128
+            assert config.num_warps >= 8 or config.block_m * config.block_n < 128 * 128
 
 
 # --------------------------------------------------------------------------- tracing and errors
