@@ -236,7 +236,11 @@ def _activation_backward_kernel(
     Reads dY, Z (and U) once, writes dZ (and dU) once; Z, U, dZ, dU are contiguous [M, N]."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    db_acc = tl.zeros((BLOCK_N,), tl.float32)
+    # the bias gradient: dZ added up elementwise over the loop (registers, no communication) and
+    # summed over rows once at the end; a sum over rows per step made every step a cross-warp
+    # reduction through shared memory (this kernel took 132 us for 8192 x 3072 bf16 on the H200,
+    # eager's gelu_backward 48 us, probe of 2026-12-03)
+    db_acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     first = pid_m * rows_per_program
     for start in range(first, tl.minimum(first + rows_per_program, M), BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
@@ -256,9 +260,9 @@ def _activation_backward_kernel(
         if DUAL or ACT != NONE:
             tl.store(dz_ptr + at, dz.to(dz_ptr.dtype.element_ty), mask=mask)
         if HAS_BIAS:
-            db_acc += tl.sum(tl.where(mask, dz, 0.0), axis=0)
+            db_acc += tl.where(mask, dz, 0.0)
     if HAS_BIAS:
-        tl.store(db_ptr + pid_m.to(tl.int64) * N + cols, db_acc, mask=cols < N)
+        tl.store(db_ptr + pid_m.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=cols < N)
 
 
 # --------------------------------------------------------------------------- configurations
