@@ -89,6 +89,16 @@ def compile_sm90(kernel, args, kwargs) -> dict:
             "dtypes": sorted({v for k, v in sig.items() if v.startswith("*")})}
 
 
+def try_compile(kernel, args, kwargs, label: str) -> dict | None:
+    """``compile_sm90``'s result, or None after printing one FAIL line (every failure is
+    reported and the table goes on)."""
+    try:
+        return compile_sm90(kernel, args, kwargs)
+    except Exception as e:  # noqa: BLE001 - report every failure, keep going
+        print(f"FAIL {label}: {type(e).__name__}: {str(e)[:400]}", flush=True)
+        return None
+
+
 def norm_settings(backward: bool) -> dict:
     """The norms' launch settings that ``benchmarks/norm_tune.py`` times (one list, kept there)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
@@ -167,11 +177,9 @@ def norm_table(widths=None) -> int:
                         continue
                     name = kernel.fn.__name__
                     warps = kwargs.get("num_warps", 4)
-                    try:
-                        r = compile_sm90(kernel, args, kwargs)
-                    except Exception as e:  # noqa: BLE001 - report every failure, keep going
+                    r = try_compile(kernel, args, kwargs, f"N={n} {'rms' if rms else 'ln'} {label}: {name}")
+                    if r is None:
                         failures += 1
-                        print(f"FAIL N={n} {'rms' if rms else 'ln'} {label}: {name}: {type(e).__name__}: {str(e)[:300]}")
                         continue
                     per_sm = _common.occupancy(r["regs"], r["shared"], warps)
                     block_n = kwargs.get("BLOCK_N", 0)
@@ -212,11 +220,9 @@ def gemm_table(configs=None) -> int:
         else:
             work = lambda: gemm.gemm(a, b, bias=bias, act=gemm.code_for("gelu", a.dtype), config=config)  # noqa: E731
         for kernel, args, kwargs in record_launches(work):
-            try:
-                r = compile_sm90(kernel, args, kwargs)
-            except Exception as e:  # noqa: BLE001 - report every failure, keep going
+            r = try_compile(kernel, args, kwargs, f"{kind:12s} {config}")
+            if r is None:
                 failures += 1
-                print(f"FAIL {kind:12s} {config}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
             per_sm = _common.occupancy(r["regs"], r["shared"], config.num_warps)
             print(f"{kind:12s} {config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}"
@@ -249,11 +255,9 @@ def main() -> int:
             done.add(key)
             cap = f" maxnreg={kwargs['maxnreg']}" if kwargs.get("maxnreg") else ""
             name = f"{label:12s} {kernel.fn.__name__:30s} warps={kwargs.get('num_warps', 4):2d}{cap}"
-            try:
-                r = compile_sm90(kernel, args, kwargs)
-            except Exception as e:  # noqa: BLE001 - report every failure, keep going
+            r = try_compile(kernel, args, kwargs, name)
+            if r is None:
                 failures += 1
-                print(f"FAIL {name}: {type(e).__name__}: {str(e)[:400]}")
                 continue
             print(f"ok   {name} regs={r['regs']:3d} spill(stack+local)={r['stack'] + r['local']}")
     print(f"{len(done)} configurations, {failures} failed")

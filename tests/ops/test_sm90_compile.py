@@ -37,3 +37,18 @@ def test_every_configuration_compiles_for_sm90():
               and not ("maxnreg=" in line and spilled(line) <= 64)]
     assert not spills, "\n".join(spills)
     assert any("maxnreg=" in line for line in lines)  # the capped configuration was compiled
+
+
+@pytest.mark.skipif(not (BIN / "ptxas").exists() or not (BIN / "cuobjdump").exists(), reason="Triton ships no ptxas/cuobjdump here")
+def test_every_gemm_configuration_compiles_for_sm90_without_spilling():
+    """``gemm.CONFIGS`` (bf16, TMA loads, a GELU + bias epilogue; the dual GEMM for dual classes):
+    every configuration compiles for sm_90 and none spills (an edited table that does shows here,
+    before a GPU run)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-m", "tests.ops.sm90", "--gemm"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=540)
+    lines = [line for line in out.stdout.splitlines() if " regs=" in line or line.startswith("FAIL")]
+    assert out.returncode == 0 and lines, out.stdout[-3000:] + out.stderr[-3000:]
+    spills = [line for line in lines if int(line.split("spill=")[1].split()[0]) > NOISE_BYTES]
+    assert not spills, "\n".join(spills)
