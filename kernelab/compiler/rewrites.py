@@ -20,21 +20,60 @@ values, or a gather from them, is left alone.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
 from . import fusion
 
 __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties",
-           "unsqueezes_toward_inputs", "rewrite"]
+           "unsqueezes_toward_inputs", "extremes_without_indices", "rewrite"]
 
 aten = torch.ops.aten
 
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return (fills_without_inputs(gm) + cats_without_empties(gm) + one_hot_indexing(gm) + casts_through_views(gm)
-            + unsqueezes_toward_inputs(gm))
+    return (fills_without_inputs(gm) + cats_without_empties(gm) + extremes_without_indices(gm)
+            + one_hot_indexing(gm) + casts_through_views(gm) + unsqueezes_toward_inputs(gm))
+
+
+#: ops with (values, indices) outputs -> the reduction of the values alone
+_EXTREMES = {aten.max.dim: aten.amax.default, aten.min.dim: aten.amin.default}
+
+
+def extremes_without_indices(gm: fx.GraphModule) -> int:
+    """``max(x, dim, keepdim).values`` -> ``amax(x, [dim], keepdim)`` (and ``min`` -> ``amin``)
+    where nothing reads the indices. ``x.max(dim).values`` (a softmax written by hand, a max-pool
+    over a dim) is a two-output op the templates do not generate: it ran in ATen, a kernel and a
+    (rows,) round trip of its own before the kernel that uses it; amax is a row reduction that
+    joins that kernel (Inductor's one kernel). Values are the same, NaN included (both propagate
+    NaN); an empty reduced dim raises in both."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        reduced = _EXTREMES.get(getattr(node, "target", None)) if node.op == "call_function" else None
+        if reduced is None or not node.users:
+            continue
+        picks = list(node.users)
+        if not all(u.op == "call_function" and u.target is _getitem and u.args[1] == 0 for u in picks):
+            continue  # the indices are read (or the tuple escapes)
+        val = fusion.value(picks[0])
+        if not (isinstance(val, torch.Tensor) and hasattr(val, "fake_mode")):
+            continue
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        try:
+            new = _Builder(gm, node, val).op(reduced, node.args[0], [dim], keepdim)
+        except Exception:  # noqa: BLE001 - a value the reduction does not take: left as it was
+            continue
+        for pick in picks:
+            pick.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
+
+_getitem = operator.getitem
 
 
 def unsqueezes_toward_inputs(gm: fx.GraphModule) -> int:

@@ -391,3 +391,35 @@ def test_persistent_max_setting(monkeypatch):
         monkeypatch.setenv("KERNELAB_PERSISTENT_MAX", bad)
         with pytest.raises(ValueError, match="KERNELAB_PERSISTENT_MAX must be a positive integer"):
             group_runner.persistent_max()
+
+
+def _softmax_by_max(x):
+    e = (x - x.max(dim=-1, keepdim=True).values).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("fn, expected", [
+    (_softmax_by_max, ["kl_fused_amax_sub_exp_sum_div"]),
+    (lambda x: x - x.min(dim=1).values[:, None], ["kl_fused_amin_sub"]),
+])
+def test_max_values_without_indices_join_the_kernel(fn, expected):
+    """``x.max(dim).values`` with the indices unread is an amax: one row kernel, as Inductor's
+    (it ran as an ATen two-output op and a kernel of its own before)."""
+    assert _names(klc.plan_kernels(fn, (torch.randn(64, 256),), {})) == expected
+
+
+def test_max_with_indices_read_stays_and_values_match():
+    """Indices read (here, and by any training graph's backward): no rewrite; values as eager's;
+    NaN in a row comes out of the rewritten amax as out of max."""
+    x = torch.randn(8, 33)
+    x[3, 5] = float("nan")
+    both = lambda x: x.max(-1).values + x.max(-1).indices.float()  # noqa: E731
+    assert "max" in _names(klc.plan_kernels(both, (x,), {}))
+    for fn in (both, _softmax_by_max):
+        got, want = klc.compile(fn)(x), fn(x)
+        assert torch.equal(got.isnan(), want.isnan())
+        torch.testing.assert_close(got, want, equal_nan=True)
+    xs = torch.randn(8, 33, requires_grad=True)
+    grad = torch.autograd.grad(klc.compile(_softmax_by_max)(xs)[:, 0].sum(), xs)[0]
+    xe = xs.detach().clone().requires_grad_()
+    torch.testing.assert_close(grad, torch.autograd.grad(_softmax_by_max(xe)[:, 0].sum(), xe)[0])
