@@ -28,7 +28,7 @@ import torch.fx as fx
 from . import fusion
 
 __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties",
-           "unsqueezes_toward_inputs", "extremes_without_indices", "rewrite"]
+           "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows", "rewrite"]
 
 aten = torch.ops.aten
 
@@ -36,7 +36,63 @@ aten = torch.ops.aten
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
     return (fills_without_inputs(gm) + cats_without_empties(gm) + extremes_without_indices(gm)
-            + one_hot_indexing(gm) + casts_through_views(gm) + unsqueezes_toward_inputs(gm))
+            + full_reductions_as_rows(gm) + one_hot_indexing(gm) + casts_through_views(gm)
+            + unsqueezes_toward_inputs(gm))
+
+
+#: reductions over every dim -> (the row reduction that replaces them, its keyword for the dtype)
+_FULL = {aten.sum.default: aten.sum.dim_IntList, aten.sum.dim_IntList: aten.sum.dim_IntList,
+         aten.mean.default: aten.mean.dim, aten.mean.dim: aten.mean.dim,
+         aten.amax.default: aten.amax.default, aten.amin.default: aten.amin.default,
+         aten.max.default: aten.amax.default, aten.min.default: aten.amin.default}
+
+
+def full_reductions_as_rows(gm: fx.GraphModule) -> int:
+    """A reduction over every dim of a contiguous float tensor -> the same reduction over the last
+    dim of its flat view (one row): ``loss.sum()``, ``losses.mean()``, a cross-entropy's sum of
+    losses and count of targets. The row template then generates it with its prologue and
+    epilogue (a cross-entropy forward: 5 kernels -> 3; ATen ran each as a kernel of its own).
+    ``max()``/``min()`` propagate NaN as ``amax``/``amin`` do; an integer or bool sum keeps its
+    int64 result (the count of valid targets). Left alone: empty tensors (sum 0, mean NaN, max
+    raises), integer means and extremes, non-contiguous inputs (the flat view would move values),
+    and (by the planner) rows longer than 65536, which ATen splits across blocks. Of a kernel's
+    output of rank 2 or more the flat view is a kernel boundary: the reduction then runs as a
+    generated kernel of its own, as ATen's did."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        row_op = _FULL.get(getattr(node, "target", None)) if node.op == "call_function" else None
+        if row_op is None or not _over_every_dim(node):
+            continue
+        src, val = fusion.value(node.args[0]), fusion.value(node)
+        if node.target is row_op and src.dim() == 1 and _dims(node):
+            continue  # already a row reduction (over its one dim, named)
+        if not (isinstance(src, torch.Tensor) and hasattr(src, "fake_mode")
+                and (src.is_floating_point() or row_op is aten.sum.dim_IntList)
+                and all(isinstance(s, int) for s in src.shape) and src.numel() > 0 and src.is_contiguous()):
+            continue
+        b = _Builder(gm, node, val)
+        flat = node.args[0] if src.dim() == 1 else b.op(aten.view.default, node.args[0], [src.numel()])
+        extra = {"dtype": node.kwargs["dtype"]} if node.kwargs.get("dtype") is not None else {}
+        new = b.op(row_op, flat, [-1], False, **extra)
+        if tuple(val.shape) != ():  # keepdim: ones in every dim
+            new = b.op(aten.view.default, new, list(val.shape))
+        node.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _over_every_dim(node) -> bool:
+    """The node reduces every dim of its input (no dim list, an empty one, or all of them)."""
+    if node.target in (aten.sum.default, aten.mean.default, aten.max.default, aten.min.default):
+        return True
+    dims, rank = _dims(node), fusion.value(node.args[0]).dim()
+    return not dims or (rank > 0 and sorted(d % rank for d in dims) == list(range(rank)))
+
+
+def _dims(node) -> list:
+    """The dims a reduction names ([] for none: every dim)."""
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    return [dims] if isinstance(dims, int) else list(dims or [])
 
 
 #: ops with (values, indices) outputs -> the reduction of the values alone

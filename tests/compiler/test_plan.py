@@ -423,3 +423,46 @@ def test_max_with_indices_read_stays_and_values_match():
     grad = torch.autograd.grad(klc.compile(_softmax_by_max)(xs)[:, 0].sum(), xs)[0]
     xe = xs.detach().clone().requires_grad_()
     torch.testing.assert_close(grad, torch.autograd.grad(_softmax_by_max(xe)[:, 0].sum(), xe)[0])
+
+
+def test_full_reductions_become_rows_of_their_kernel():
+    """A reduction over every dim of a contiguous tensor is generated as one row: ``x.sum() * 2``
+    and ``(x * 3).mean()`` are one kernel each, a cross-entropy forward three (was five: two
+    ATen sums, the losses and the count of valid targets)."""
+    x1, x2 = torch.randn(1000), torch.randn(16, 40)
+    # (one lambda a line: dynamo keys its automatic dynamic shapes by file, line and name)
+    assert len(klc.plan_kernels(lambda x: x.sum() * 2, (x1,), {})) == 1
+    assert len(klc.plan_kernels(lambda x: (x * 3).mean(), (x1,), {})) == 1
+    assert len(klc.plan_kernels(lambda x: x.amax() - x.amin(), (x2,), {})) == 2  # two reductions, two rows
+    # of a kernel's 2-D output, the flat view is a kernel boundary: the mean is a kernel of its own
+    assert _names(klc.plan_kernels(lambda x: (x * 3).mean(), (x2,), {})) == ["kl_fused_mul", "kl_fused_mean"]
+    x, t = torch.randn(64, 1000), torch.randint(0, 1000, (64,))
+    assert len(klc.plan_kernels(lambda x, t: F.cross_entropy(x, t), (x, t), {})) == 3
+
+
+@pytest.mark.parametrize("fn, make", [
+    (lambda x: x.sum() * 2, lambda: torch.randn(7, 9)),
+    (lambda x: x.mean(dtype=torch.float64), lambda: torch.randn(33)),
+    (lambda x: x.sum(dim=(0, 1), keepdim=True) + x, lambda: torch.randn(5, 6)),
+    (lambda x: x.max() + x.min(), lambda: torch.tensor([1.0, float("nan"), 3.0])),
+    (lambda x: (x > 0).sum() + x.long().sum(), lambda: torch.randn(50) * 4),
+    (lambda x: x.t().sum() * 2, lambda: torch.randn(8, 12)),  # not contiguous: left to ATen
+    (lambda x: x.sum() + 1, lambda: torch.randn(0, 4)),  # empty: left to ATen (sum 0)
+    (lambda x, t: F.cross_entropy(x, t, ignore_index=3), lambda: (torch.randn(20, 7), torch.arange(20) % 7)),
+], ids=["sum", "mean_f64", "keepdim", "max_nan", "int_sums", "transposed", "empty", "cross_entropy"])
+def test_full_reductions_match_eager(fn, make):
+    args = make()
+    args = args if isinstance(args, tuple) else (args,)
+    got, want = klc.compile(fn)(*args), fn(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_full_reduction_in_a_training_step():
+    """``loss.mean()`` rewritten in the forward graph; the gradients are eager's."""
+    x, w = torch.randn(32, 16, requires_grad=True), torch.randn(16, 8, requires_grad=True)
+    fn = lambda x, w: ((x @ w).relu() ** 2).mean()  # noqa: E731
+    got = torch.autograd.grad(klc.compile(fn)(x, w), (x, w))
+    want = torch.autograd.grad(fn(x, w), (x, w))
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e)
