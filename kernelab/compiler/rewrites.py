@@ -36,8 +36,53 @@ aten = torch.ops.aten
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
     return (fills_without_inputs(gm) + cats_without_empties(gm) + extremes_without_indices(gm)
-            + full_reductions_as_rows(gm) + one_hot_indexing(gm) + casts_through_views(gm)
-            + unsqueezes_toward_inputs(gm))
+            + full_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
+            + casts_through_views(gm) + unsqueezes_toward_inputs(gm))
+
+
+#: the largest arange made a constant of the graph (elements): position ids, column indices
+ARANGE_CONSTANT_MAX = 1 << 20
+
+
+def aranges_as_constants(gm: fx.GraphModule) -> int:
+    """``arange(start, end, step)`` of static numbers -> a buffer of the graph module, made once
+    at compile time (position ids, a ``one_hot``'s columns): a launch per call less, as Inductor
+    computes its aranges inside the kernels that read them. Only where nothing can write the buffer
+    or hand it out: no reader is an output of the graph (the caller would get the buffer itself)
+    nor an op that mutates or aliases its input; at most ``ARANGE_CONSTANT_MAX`` elements."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _ARANGES:
+            continue
+        val = fusion.value(node)
+        numbers = [a for a in node.args if not isinstance(a, fx.Node)]
+        if not (isinstance(val, torch.Tensor) and hasattr(val, "fake_mode") and len(numbers) == len(node.args)
+                and all(isinstance(a, (int, float)) for a in numbers) and isinstance(val.shape[0], int)
+                and 0 < val.numel() <= ARANGE_CONSTANT_MAX and all(_reads_only(u) for u in node.users)):
+            continue
+        b = _Builder(gm, node, val)
+        args, dtype = tuple(node.args), val.dtype
+        name = f"_kl_arange_{'_'.join(str(a).replace('.', 'p').replace('-', 'm') for a in args)}_{str(dtype)[6:]}" \
+               f"_{val.device.type}_{val.device.index}"
+        node.replace_all_uses_with(b.constant(name, lambda: torch.arange(*args, dtype=dtype, device=val.device)))
+        count += 1
+    return _cleanup(gm, count)
+
+
+_ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
+
+
+def _reads_only(user: fx.Node, depth: int = 0) -> bool:
+    """``user`` reads its inputs without writing them (and is not the graph's output); a view of
+    them counts when its own readers do (views of views: up to 8 deep)."""
+    if user.op != "call_function" or depth > 8:
+        return False
+    schema = getattr(user.target, "_schema", None)
+    if schema is None or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return False
+    if any(r.alias_info is not None for r in schema.returns):  # a view: its readers decide
+        return bool(user.users) and all(_reads_only(u, depth + 1) for u in user.users)
+    return True
 
 
 #: reductions over every dim -> (the row reduction that replaces them, its keyword for the dtype)
@@ -368,12 +413,16 @@ class _Builder:
 
     def columns(self, n: int) -> fx.Node:
         """``arange(n)`` (int64) as a buffer of the graph module: made once, read by every call."""
-        name = f"_kl_columns_{n}_{self.device.type}_{self.device.index}"
+        return self.constant(f"_kl_columns_{n}_{self.device.type}_{self.device.index}",
+                             lambda: torch.arange(n, device=self.device))
+
+    def constant(self, name: str, make) -> fx.Node:
+        """A get_attr of buffer ``name`` of the graph module, ``make()`` once (a real tensor)."""
         if not hasattr(self.gm, name):
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
             with unset_fake_temporarily():  # a real tensor, even while aot_autograd traces
-                self.gm.register_buffer(name, torch.arange(n, device=self.device))
+                self.gm.register_buffer(name, make())
         with self.gm.graph.inserting_before(self.anchor):
             node = self.gm.graph.get_attr(name)
         node.meta["val"] = self.fake_mode.from_tensor(getattr(self.gm, name), static_shapes=True)

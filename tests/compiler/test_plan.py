@@ -466,3 +466,18 @@ def test_full_reduction_in_a_training_step():
     want = torch.autograd.grad(fn(x, w), (x, w))
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e)
+
+
+def test_aranges_read_by_kernels_become_constants():
+    """``torch.arange`` of static numbers read (through views) by kernels is a buffer made at
+    compile time: no launch per call. One handed out (returned) stays a fresh tensor each call:
+    writing into the returned one leaves the next call's values alone."""
+    x = torch.randn(64, 128)
+    fn = lambda x: x + torch.arange(x.shape[-1], dtype=x.dtype).unsqueeze(0) * 0.5  # noqa: E731
+    assert _names(klc.plan_kernels(fn, (x,), {})) == ["kl_fused_mul_add"]
+    torch.testing.assert_close(klc.compile(fn)(x), fn(x))
+    steps = lambda x: (x * 2, torch.arange(3, 30, 3))  # noqa: E731
+    compiled = klc.compile(steps)
+    first = compiled(x)[1]
+    first.fill_(-1)
+    torch.testing.assert_close(compiled(x)[1], torch.arange(3, 30, 3))
