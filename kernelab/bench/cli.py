@@ -1,6 +1,7 @@
 """``kernelab bench OP [--shapes MxN ...] [--dtype bf16] [--backward] [--out DIR]``;
 ``kernelab bench linear [--shapes MxKxN ...] [--out DIR] [--budget-s S] [--max-autotune]`` (the
-GEMM grid of ``kernelab.bench.linear``: its own sections, table, CSV and plot).
+GEMM grid of ``kernelab.bench.linear``: its own sections, table, CSV and plot, written to
+``DIR/linear/``).
 
 Wire into the main CLI with ``add_parser(subparsers)``; ``run(args)`` returns the exit status.
 """
@@ -8,6 +9,7 @@ Wire into the main CLI with ``add_parser(subparsers)``; ``run(args)`` returns th
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
@@ -74,7 +76,8 @@ def _run_linear(args) -> int:
                             "provider, forward and forward+backward, in bfloat16)")
     if any(len(s) != 3 for s in args.shapes or ()):
         raise KernelabError("kernelab bench linear: shapes are MxKxN (rows x in features -> out features)")
-    argv = [args.out, "--budget-s", str(args.budget_s)] + (["--max-autotune"] if args.max_autotune else [])
+    # a directory of its own under --out: the run writes linear_bench.csv/.png whole (no appending)
+    argv = [str(Path(args.out) / "linear"), "--budget-s", str(args.budget_s)] + (["--max-autotune"] if args.max_autotune else [])
     argv += ["--shapes", *("x".join(map(str, s)) for s in args.shapes)] if args.shapes else []
     return linear.main(argv)
 

@@ -576,7 +576,13 @@ def main(argv=None) -> int:
         raise KernelabError("kernelab bench linear needs a CUDA GPU and none is available: speed is only measured "
                             "on real hardware")
     if args.shapes:
-        use_shapes([tuple(int(v) for v in s.lower().split("x")) for s in args.shapes])
+        try:
+            shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
+        except ValueError:
+            shapes = []
+        if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
+            raise KernelabError(f"--shapes takes MxKxN of positive sizes, got {' '.join(args.shapes)}")
+        use_shapes(shapes)
     args.out.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget_s)
     ENV.update(environment(torch.device(DEVICE)))

@@ -28,7 +28,8 @@ import torch.fx as fx
 from . import fusion
 
 __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties",
-           "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows", "rewrite"]
+           "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
+           "aranges_as_constants", "rewrite"]
 
 aten = torch.ops.aten
 
@@ -85,7 +86,7 @@ def _reads_only(user: fx.Node, depth: int = 0) -> bool:
     return True
 
 
-#: reductions over every dim -> (the row reduction that replaces them, its keyword for the dtype)
+#: reductions (over every dim here) -> the row reduction that replaces them
 _FULL = {aten.sum.default: aten.sum.dim_IntList, aten.sum.dim_IntList: aten.sum.dim_IntList,
          aten.mean.default: aten.mean.dim, aten.mean.dim: aten.mean.dim,
          aten.amax.default: aten.amax.default, aten.amin.default: aten.amin.default,
@@ -109,9 +110,9 @@ def full_reductions_as_rows(gm: fx.GraphModule) -> int:
         if row_op is None or not _over_every_dim(node):
             continue
         src, val = fusion.value(node.args[0]), fusion.value(node)
-        if node.target is row_op and src.dim() == 1 and _dims(node):
-            continue  # already a row reduction (over its one dim, named)
-        if not (isinstance(src, torch.Tensor) and hasattr(src, "fake_mode")
+        if not isinstance(src, torch.Tensor) or (node.target is row_op and src.dim() == 1 and _dims(node)):
+            continue  # (a named dim of a 1-D tensor: already a row reduction)
+        if not (hasattr(src, "fake_mode")
                 and (src.is_floating_point() or row_op is aten.sum.dim_IntList)
                 and all(isinstance(s, int) for s in src.shape) and src.numel() > 0 and src.is_contiguous()):
             continue
@@ -130,7 +131,10 @@ def _over_every_dim(node) -> bool:
     """The node reduces every dim of its input (no dim list, an empty one, or all of them)."""
     if node.target in (aten.sum.default, aten.mean.default, aten.max.default, aten.min.default):
         return True
-    dims, rank = _dims(node), fusion.value(node.args[0]).dim()
+    src = fusion.value(node.args[0])
+    if not isinstance(src, torch.Tensor):
+        return False
+    dims, rank = _dims(node), src.dim()
     return not dims or (rank > 0 and sorted(d % rank for d in dims) == list(range(rank)))
 
 

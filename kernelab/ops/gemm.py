@@ -298,9 +298,9 @@ CONFIGS = {
     "decode": (_C(16, 64, 256, 1, 4, 4), _C(16, 128, 128, 1, 4, 5), _C(16, 32, 512, 1, 4, 3)),
     "small": (_C(128, 128, 64, 8, 8, 4), _C(64, 128, 64, 8, 4, 4), _C(64, 64, 64, 8, 4, 4),
               _C(128, 128, 64, 8, 8, 3, programs_per_sm=2, tma_store=True)),
-    # the H200 run of 2026-12-03 (linear_bench's tune, bf16, 9 shapes, gelu+bias): the flattened loop
-    # best at 5 of 9 (geomean 0.97 of each shape's best), two programs an SM best at 8192 x 768 and
-    # 4096 -> 14336 (0.94), the old first 0.89
+    # three H200 runs of 2026-12-03 (kernelab bench linear's tune, bf16, 9 shapes, gelu+bias): the
+    # flattened loop best at 5, 7 and 6 of 9 (geomean 0.94-0.97 of each shape's best), two programs
+    # an SM best at 0-1 (0.69-0.94), the old first (128 x 256, not flattened) 0.89-0.90
     "large": (_C(128, 256, 64, 8, 8, 3, flatten=True), _C(128, 128, 64, 8, 8, 3, programs_per_sm=2),
               _C(128, 128, 64, 8, 8, 4, flatten=True, tma_store=True), _C(256, 128, 64, 8, 8, 3),
               _C(256, 128, 64, 8, 8, 3, flatten=True), _C(128, 256, 64, 8, 8, 3)),
@@ -455,7 +455,8 @@ def _programs_per_sm(config: GemmConfig, args: tuple, constexprs: dict, device: 
     if config.programs_per_sm == 1:
         return 1
     resident = _common.resident_per_sm(_gemm_kernel, args, config.num_warps, device, constexprs,
-                                       key=("gemm", tuple(constexprs.items()), args[0].dtype, device))
+                                       key=("gemm", config.num_warps, tuple(constexprs.items()), args[0].dtype,
+                                            device))
     return max(1, min(config.programs_per_sm, resident or 1))
 
 

@@ -70,8 +70,16 @@ def choose(key: tuple, candidates: list, run, device: torch.device, timer=None):
     timer = timer or time_ms
     times = []
     for config in candidates:
-        run(config)  # compiles, and a config that cannot launch fails here, not inside the timer
+        try:
+            run(config)  # compiles, and a config that cannot launch fails here, not inside the timer
+        except Exception as e:  # noqa: BLE001 - one candidate that does not compile is skipped, said once
+            warnings.warn(f"kernelab: GEMM configuration {config} skipped while tuning: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:160] if str(e) else ''}", stacklevel=3)
+            times.append(float("inf"))
+            continue
         times.append(timer(lambda c=config: run(c)))
+    if min(times) == float("inf"):
+        return candidates[0]  # none launched: the default, whose own error the caller then sees
     best = candidates[min(range(len(candidates)), key=times.__getitem__)]
     _entries(path)[text_key] = dataclasses.asdict(best)
     _write(path)

@@ -302,3 +302,21 @@ def test_tuning_picks_the_fastest_and_remembers_it_on_disk(monkeypatch, tmp_path
         gemm.gemm(a, b)
     assert len(timed) == len(cands)
     gemm_tune.forget()
+
+
+def test_tuning_skips_a_candidate_that_fails(monkeypatch, tmp_path):
+    """A candidate that raises while tuning is skipped with a warning; the others are timed."""
+    from kernelab.ops import gemm_tune
+
+    monkeypatch.setenv("KERNELAB_CACHE", str(tmp_path))
+    gemm_tune.forget()
+    cands = gemm.candidates(40, 36, False, torch.float32, torch.device("cpu"))
+
+    def run(config):
+        if config == cands[0]:
+            raise RuntimeError("out of resources")
+
+    with pytest.warns(UserWarning, match="skipped while tuning: RuntimeError: out of resources"):
+        best = gemm_tune.choose(("k",), cands, run, torch.device("cpu"), timer=lambda fn: 1.0)
+    assert best == cands[1]
+    gemm_tune.forget()
