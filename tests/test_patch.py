@@ -567,3 +567,108 @@ def test_report_prints_a_folded_table():
 def test_patch_refuses_what_is_not_a_module():
     with pytest.raises(TypeError, match="expected a torch.nn.Module"):
         kernelab.patch(lambda x: x)
+
+
+# ============================================================================= fused_linear (projection + activation)
+class PlainMLP(nn.Module):
+    """fc2(drop(act(fc1(x)))) -- BERT/ViT's MLP form; ``leak``: the forward also adds fc1(x)
+    unactivated (fusing fc1 with act would then change the output)."""
+
+    def __init__(self, h=48, i=80, act=None, leak=False, p=0.0):
+        super().__init__()
+        self.fc1, self.act, self.drop, self.fc2 = nn.Linear(h, i), act or nn.GELU(), nn.Dropout(p), nn.Linear(i, h)
+        self.leak = leak
+
+    def forward(self, x):
+        z = self.fc1(x)
+        y = self.drop(self.act(z))
+        return self.fc2(y + z if self.leak else y)
+
+
+def _zoo_step(name, model, inputs):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)  # dropout's masks: the same draws in both runs
+    loss = ZOO[name].loss(model, inputs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name, fused", [("gpt2", 2), ("bert", 3), ("vit", 2)])
+def test_fused_linear_equals_unpatched_and_runs_one_gemm_per_mlp(name, fused, monkeypatch):
+    model, inputs = ZOO[name].build("tiny")
+    ref_loss, ref_grads = _zoo_step(name, model, inputs)
+    report = kernelab.patch(model, fused_linear=True)
+    ops = [s.op for s in report.swapped if s.op.startswith("linear(")]
+    assert len(ops) == fused, str(report)
+    calls = _Calls(monkeypatch, names=("linear",))
+    loss, grads = _zoo_step(name, model, inputs)
+    _assert_same_step(loss, grads, ref_loss, ref_grads)
+    assert calls.counts == {"linear": fused}
+    kernelab.unpatch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert kernelab.patch(model).counts()["mlp"] == 0  # opt-in: the default patch leaves these MLPs alone
+
+
+def test_fused_linear_under_torch_compile_fullgraph():
+    module = _randomized(PlainMLP(p=0.0))
+    x = _x(2, 7, 48)
+    ref = _module_grads(module, x)
+    kernelab.patch(module, fused_linear=True)
+    targets = []
+
+    def recording_backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    got = _module_grads(torch.compile(module, backend=recording_backend, fullgraph=True), x)
+    for a, b in zip(got, ref):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert targets.count("kernelab.linear.default") == 1
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: PlainMLP(leak=True), "output changes when fused"),
+    (lambda: PlainMLP(act=nn.Tanh()), None),  # not an activation kernelab fuses: not a candidate
+])
+def test_fused_linear_refuses_what_the_probe_disproves(make, words):
+    module = _randomized(make())
+    x = _x(2, 7, 48)
+    with torch.no_grad():
+        before = module(x)
+    report = kernelab.patch(module, fused_linear=True)
+    assert not report.swapped
+    if words:
+        assert any(words in s.reason for s in report.skipped), str(report)
+    with torch.no_grad():
+        assert torch.equal(module(x), before)
+
+
+def test_fused_linear_leaves_shared_and_hooked_modules_alone():
+    shared = nn.Sequential(PlainMLP(), PlainMLP())
+    shared[1].act = shared[0].act
+    report = kernelab.patch(shared, fused_linear=True)
+    assert not report.swapped and any("more than one place" in s.reason for s in report.skipped)
+    hooked = PlainMLP()
+    hooked.fc1.register_forward_hook(lambda m, i, o: None)
+    report = kernelab.patch(hooked, fused_linear=True)
+    assert not report.swapped and any("forward hooks" in s.reason for s in report.skipped)
+
+
+def test_fused_linear_with_dropout_and_under_autocast(monkeypatch):
+    module = _randomized(PlainMLP(p=0.3)).train()
+    x = _x(2, 7, 48)
+    torch.manual_seed(5)
+    before = module(x)
+    assert kernelab.patch(module, fused_linear=True).swapped
+    torch.manual_seed(5)
+    assert torch.allclose(module(x), before, rtol=1e-5, atol=1e-5)  # the same dropout mask, after the activation
+    calls = _Calls(monkeypatch, names=("linear",))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.manual_seed(5)
+        y = module(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kernelab.unpatch(module)
+        torch.manual_seed(5)
+        ref = module(x)
+    assert calls.counts == {"linear": 0} and y.dtype == torch.bfloat16 and torch.equal(y, ref)

@@ -57,8 +57,8 @@ EPILOGUE_CONFIGS = [gemm.GemmConfig(128, 256, 64, 8, 8, 3, flatten=True),
 EPILOGUE_ACTS = {"none": gemm.NONE.value, "bias": gemm.NONE.value, "relu": POINTWISE.RELU.value,
                  "silu": POINTWISE.SILU.value, "gelu erf (libdevice)": POINTWISE.GELU.value,
                  "gelu fast": POINTWISE.GELU_FAST.value, "gelu tanh": POINTWISE.GELU_TANH.value}
-#: shapes also timed under Inductor's max-autotune (``--max-autotune``; its tuning takes ~minutes)
-MAX_AUTOTUNE = [(8192, 4096, 11008), (8192, 768, 3072)]
+#: shapes also timed under Inductor's max-autotune (``--max-autotune``: every grid shape, ~10-40 s of tuning each)
+MAX_AUTOTUNE = list(GRID)
 FWD_BWD = [(8192, 4096, 11008), (8192, 768, 3072), (8192, 11008, 4096), (8192, 4096, 14336)]
 SWIGLU_FWD_BWD = [(8192, 4096, 11008), (8192, 2048, 8192)]
 SWIGLU = [(8192, 4096, 11008), (8192, 4096, 14336), (16, 4096, 14336)]
@@ -552,7 +552,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes: checks the script runs")
     ap.add_argument("--max-autotune", action="store_true",
-                    help="also torch.compile(mode='max-autotune-no-cudagraphs') on MAX_AUTOTUNE's shapes (minutes of tuning)")
+                    help="also torch.compile(mode='max-autotune-no-cudagraphs') on every grid shape (minutes of tuning)")
     ap.add_argument("--workers", type=int, default=8, help="processes compiling the grid's kernels ahead (0: none)")
     ap.add_argument("--shapes", nargs="+", default=None, metavar="MxKxN",
                     help="time these shapes instead of the grids (forward, forward+backward, SwiGLU)")

@@ -88,3 +88,50 @@ def test_default_configurations_in_other_dtypes(dtype):
         b = (torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype)
         y = gemm.gemm(a, b, act=gemm.code_for("silu", dtype))[0]
         assert rel(y, F.silu(a.double() @ b.double().T)) < (1e-2 if dtype == torch.float16 else 1e-4), (m, n, k)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "vit"])
+def test_patch_fused_linear_bf16(name):
+    """kernelab.patch(model, fused_linear=True) on the GPU in bf16 (GPT-2's Conv1D: the weight read
+    transposed): loss and gradients as close to eager's float32 as eager bf16's own."""
+    import kernelab
+    from kernelab.zoo import ZOO
+
+    zm = ZOO[name]
+    ref32, in32 = zm.build("tiny", device="cuda", dtype=torch.float32)
+    eager16, in16 = zm.build("tiny", device="cuda", dtype=torch.bfloat16)  # the same seeded weights
+    fused16, _ = zm.build("tiny", device="cuda", dtype=torch.bfloat16)
+    # loss=False: the patched loss returns the loss rounded to bf16 (loss.py), not what is tested here
+    assert any(s.op.startswith("linear(") for s in kernelab.patch(fused16, fused_linear=True, loss=False).swapped)
+
+    def step(m, inp):
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        loss = zm.loss(m, inp)
+        loss.backward()
+        return loss.float(), [p.grad.float() for p in m.parameters()]
+
+    l32, g32 = step(ref32, in32)
+    l16, g16 = step(eager16, in16)
+    lf, gf = step(fused16, in16)
+    assert abs(lf - l32) <= 2 * abs(l16 - l32) + 1e-2, (float(lf), float(l16), float(l32))
+    floor = 1e-3 * torch.cat([g.flatten() for g in g32]).norm()
+    names = [n for n, _ in ref32.named_parameters()]
+    for pname, a, b, ref in zip(names, gf, g16, g32):
+        assert (a - ref).norm() <= 2 * (b - ref).norm() + floor, (pname, float((a - ref).norm()), float((b - ref).norm()))
+
+
+@pytest.mark.parametrize("m, k, n", [(32, 64, 256), (32, 256, 64), (1000, 776, 1032), (7, 520, 1100)])
+def test_linear_with_a_transposed_weight_bf16(m, k, n):
+    """weight given as a [K, N] matrix's transpose (Conv1D's layout): forward and backward."""
+    x = randn(m, k).requires_grad_()
+    w = randn(k, n, scale=k ** -0.5, seed=1).t().requires_grad_()  # [N, K] with strides (1, N)
+    b = randn(n, seed=2).requires_grad_()
+    dy = randn(m, n, seed=3)
+    y = K.linear(x, w, b, "gelu_tanh")
+    grads = torch.autograd.grad(y, (x, w, b), dy)
+    refs = [t.detach().float().requires_grad_() for t in (x, w, b)]
+    ref = F.gelu(F.linear(*refs), approximate="tanh")
+    assert rel(y, ref) < 1e-2, rel(y, ref)
+    for name, got, want in zip("xwb", grads, torch.autograd.grad(ref, refs, dy.float())):
+        assert rel(got, want) < 2e-2, (name, rel(got, want))
