@@ -5,7 +5,7 @@
 
 For each MODEL:STEP and mode, after two warm-up steps, one step under torch.profiler; kernels are
 grouped by name (a generated kernel's name says which ops it fused). Prints per mode: total CUDA
-time, kernel count, and the top kernels (calls, total ms, share); writes OUT_DIR/zoo_profile.txt.
+time, kernel count, the step's peak memory, and the top kernels (calls, total ms, share); writes OUT_DIR/zoo_profile.txt.
 Needs a CUDA GPU (the device machine).
 """
 from __future__ import annotations
@@ -44,13 +44,15 @@ def profile_one(name: str, kind: str, mode: str, top: int) -> list[str]:
     for _ in range(2):
         _step(zm, target, inputs, kind)
     torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         _step(zm, target, inputs, kind)
         torch.cuda.synchronize()
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.device_time_total for e in events) / 1e3
     calls = sum(e.count for e in events)
-    lines = [f"== {name} {kind} {mode}: {total:.2f} ms of GPU time in {calls} kernels/memops"]
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    lines = [f"== {name} {kind} {mode}: {total:.2f} ms of GPU time in {calls} kernels/memops, peak {peak:.2f} GiB"]
     for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
         ms = e.device_time_total / 1e3
         lines.append(f"  {ms:8.3f} ms {100 * ms / max(total, 1e-9):5.1f}% x{e.count:<4d} {e.key[:110]}")

@@ -34,17 +34,37 @@ class Load:
 
 
 def loads_of(group) -> list[Load]:
-    """The loads of a group in a stable order (an input read both ways is loaded twice)."""
+    """The loads of a group in a stable order (an input read both ways is loaded twice). In a row
+    reduction, an input that is the same all along the row (a scalar, or size 1 in the last dim:
+    a cross-entropy's per-row max, log-sum, target and scale) is loaded once per row even where
+    full-size nodes read it, not once per element and pass."""
     loads = []
     per_value = "col" if group.kind == "column" else "row"
     for n in group.nodes:
         role = "full" if group.roles[n] == "full" or fusion.is_reduction(n) else per_value
         for p in n.all_input_nodes:
             if p in group.inputs:
-                load = Load(p, role)
+                load = Load(p, "row" if group.kind == "reduction" and constant_along_rows(p) else role)
                 if load not in loads:
                     loads.append(load)
     return loads
+
+
+def constant_along_rows(node) -> bool:
+    """The value broadcasts along a row reduction's last dim: a scalar tensor or size 1 there."""
+    v = fusion.value(node)
+    return v.dim() == 0 or (isinstance(v.shape[-1], int) and v.shape[-1] == 1)
+
+
+def arange_of(node, group) -> tuple | None:
+    """(start, step) of a static arange constant (``rewrites``' graph buffers) that runs along a row
+    reduction's last dim: the kernel computes it from its column index instead of loading it."""
+    found = node.meta.get("kl_arange")
+    v = fusion.value(node)
+    if (found is None or group.kind != "reduction" or v.dim() != 1 or v.dtype.is_floating_point
+            or v.shape[0] != group.shape[-1]):
+        return None
+    return found
 
 
 @dataclass
@@ -254,6 +274,7 @@ def reduction_source(group, rank: int, persistent: bool) -> str:
     for i, load in enumerate(loads):
         em.names[load.node, load.role] = f"in{i}"
         if load.role == "row":
+            em.names.setdefault((load.node, "full"), f"in{i}")  # full-size nodes read it broadcast
             ct = compute_type(fusion.value(load.node).dtype)
             em.emit(f"in{i} = tl.load(in{i}_ptr + in{i}_row, mask=xmask, other=0).to({ct})")
     if persistent:
@@ -291,6 +312,11 @@ def strided_signature(group, loads, rank: int, *, scratch: str, inner: str, size
 
 def _full_load(em: _Emitter, i: int, load) -> None:
     ct = compute_type(fusion.value(load.node).dtype)
+    arange = arange_of(load.node, em.group)
+    if arange is not None:  # start + step * column: nothing to read
+        start, step = (literal(v) for v in arange)
+        em.emit(f"in{i} = ({start} + {step} * (tl.zeros([XBLOCK, 1], tl.int32) + cols)).to({ct})")
+        return
     em.emit(f"in{i} = tl.load(in{i}_ptr + in{i}_row + cols * in{i}_stride_r, mask=mask, other=0).to({ct})")
 
 

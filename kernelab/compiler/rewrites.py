@@ -65,7 +65,9 @@ def aranges_as_constants(gm: fx.GraphModule) -> int:
         args, dtype = tuple(node.args), val.dtype
         name = f"_kl_arange_{'_'.join(str(a).replace('.', 'p').replace('-', 'm') for a in args)}_{str(dtype)[6:]}" \
                f"_{val.device.type}_{val.device.index}"
-        node.replace_all_uses_with(b.constant(name, lambda: torch.arange(*args, dtype=dtype, device=val.device)))
+        start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+        made = b.constant(name, lambda: torch.arange(*args, dtype=dtype, device=val.device), arange=(start, step))
+        node.replace_all_uses_with(made)
         count += 1
     return _cleanup(gm, count)
 
@@ -418,10 +420,12 @@ class _Builder:
     def columns(self, n: int) -> fx.Node:
         """``arange(n)`` (int64) as a buffer of the graph module: made once, read by every call."""
         return self.constant(f"_kl_columns_{n}_{self.device.type}_{self.device.index}",
-                             lambda: torch.arange(n, device=self.device))
+                             lambda: torch.arange(n, device=self.device), arange=(0, 1))
 
-    def constant(self, name: str, make) -> fx.Node:
-        """A get_attr of buffer ``name`` of the graph module, ``make()`` once (a real tensor)."""
+    def constant(self, name: str, make, arange: tuple | None = None) -> fx.Node:
+        """A get_attr of buffer ``name`` of the graph module, ``make()`` once (a real tensor);
+        ``arange``: (start, step) when the buffer is an arange (a row kernel reading it along its
+        row computes it from the column index instead: ``codegen.arange_of``)."""
         if not hasattr(self.gm, name):
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -430,6 +434,8 @@ class _Builder:
         with self.gm.graph.inserting_before(self.anchor):
             node = self.gm.graph.get_attr(name)
         node.meta["val"] = self.fake_mode.from_tensor(getattr(self.gm, name), static_shapes=True)
+        if arange is not None:
+            node.meta["kl_arange"] = arange
         return node
 
     def in_range(self, index: fx.Node, n: int) -> fx.Node:
@@ -441,10 +447,57 @@ def _rewrite_gather(gm, node) -> None:
     val = fusion.value(source)
     n = val.shape[-1]
     b = _Builder(gm, node, val)
-    hit = b.op(aten.eq.Tensor, b.columns(n), index)
-    picked = b.op(aten.sum.dim_IntList, b.op(aten.where.self, hit, source, b.scalar(0, val.dtype)), [-1], True)
+    # gather(x - r1 - r2, t) = gather(x, t) - r1 - r2 for per-row r (log_softmax's max and log-sum):
+    # the pick then reads x itself and rides along the softmax's own pass over the row
+    # (placed right after x and the index: the softmax's reductions, later in the graph, then join
+    # the pick's kernel because it reads their input)
+    source, per_row = _row_subtractions(source)
+    early = b
+    if per_row:
+        first_reader = next(n for n in gm.graph.nodes if source in n.all_input_nodes)
+        if _hoist_before(gm, index, first_reader):
+            early = _Builder(gm, first_reader, val)
+    hit = early.op(aten.eq.Tensor, early.columns(n), index)
+    picked = early.op(aten.sum.dim_IntList, early.op(aten.where.self, hit, source, early.scalar(0, val.dtype)), [-1], True)
+    for r in per_row:
+        picked = b.op(aten.sub.Tensor, picked, r)
     result = b.op(aten.where.self, b.in_range(index, n), picked, b.scalar(float("nan"), val.dtype))
     node.replace_all_uses_with(result)
+
+
+def _hoist_before(gm: fx.GraphModule, node: fx.Node, anchor: fx.Node) -> bool:
+    """Move ``node`` and those of its producers that come after ``anchor`` to just before it, in
+    their order, when all of them are pure ATen ops; False (nothing moved) otherwise."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    late, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in late or order[n] < order[anchor]:
+            continue
+        if n.op != "call_function" or n.is_impure() or n is anchor:
+            return False
+        late.add(n)
+        stack.extend(n.all_input_nodes)
+    for n in sorted(late, key=order.get):
+        anchor.prepend(n)
+    return True
+
+
+def _row_subtractions(source: fx.Node) -> tuple:
+    """(x, [r1, r2, ...]) for ``source = x - r1 - r2 ...`` where each r is one value per row (a
+    scalar, or size 1 in the last dim) of x's dtype: innermost first; (source, []) otherwise."""
+    per_row = []
+    while (source.op == "call_function" and source.target is aten.sub.Tensor and len(source.args) == 2
+           and not source.kwargs and all(isinstance(a, fx.Node) for a in source.args)):
+        x, r = source.args
+        xv, rv, sv = fusion.value(x), fusion.value(r), fusion.value(source)
+        if not (isinstance(xv, torch.Tensor) and isinstance(rv, torch.Tensor) and xv.shape == sv.shape
+                and xv.dtype == rv.dtype == sv.dtype
+                and (rv.dim() == 0 or (rv.dim() == xv.dim() and isinstance(rv.shape[-1], int) and rv.shape[-1] == 1))):
+            break
+        per_row.append(r)
+        source = x
+    return source, per_row[::-1]
 
 
 def _rewrite_scatter(gm, node) -> None:
