@@ -16,7 +16,6 @@ Two ways to run:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -284,8 +283,34 @@ _DEVICE_SPECIFIC = {
 }
 
 
+def _float32_grouped_mm(args, kwargs) -> bool:
+    a = args[0] if args else kwargs.get("mat_a", kwargs.get("input"))
+    return isinstance(a, torch.Tensor) and a.dtype == torch.float32
+
+
+def _via_bfloat16(func, args, kwargs):
+    """``func`` on bfloat16 copies of its float32 tensors, the result back in float32. torch's fake
+    (meta) kernel of ``_grouped_mm`` takes 16-bit matrices only, while its CPU kernel takes float32
+    (Hugging Face's MoE experts call it so in float32 models): the output's shape is dtype-free."""
+    def cast(t, dtype):
+        return t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
+
+    out = func(*pytree.tree_map(lambda t: cast(t, torch.bfloat16), args), **kwargs)
+    return pytree.tree_map(lambda t: t.to(torch.float32) if isinstance(t, torch.Tensor) else t, out)
+
+
+#: Calls whose fake kernel refuses what the real one accepts: run on a stand-in (fake capture
+#: only), recorded as the one op. The backward of the stand-in is recorded as it runs (a float32
+#: grouped GEMM's backward: its two products in bfloat16 with casts around them).
+_FAKE_STAND_INS = {
+    torch._grouped_mm: ("aten._grouped_mm.default", ("mat_a", "mat_b", "offs", "bias", "out_dtype"),
+                        _float32_grouped_mm, _via_bfloat16),
+}
+
+
 class _DeviceSpecificCalls(TorchFunctionMode):
-    """Folds the calls in _DEVICE_SPECIFIC into one recorded op (fake capture only)."""
+    """Folds the calls in _DEVICE_SPECIFIC into one recorded op (fake capture only), and runs the
+    calls in _FAKE_STAND_INS on their stand-in."""
 
     def __init__(self, recorder: _Recorder):
         super().__init__()
@@ -293,13 +318,13 @@ class _DeviceSpecificCalls(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        entry = _DEVICE_SPECIFIC.get(func)
+        entry = _DEVICE_SPECIFIC.get(func) or _FAKE_STAND_INS.get(func)
         if entry is None or self.recorder.suppress or not entry[2](args, kwargs):
             return func(*args, **kwargs)
-        name, arg_names, _ = entry
+        name, arg_names, _ = entry[:3]
         self.recorder.suppress += 1
         try:
-            out = func(*args, **kwargs)
+            out = entry[3](func, args, kwargs) if len(entry) > 3 else func(*args, **kwargs)
         finally:
             self.recorder.suppress -= 1
         bound = {**dict(zip(arg_names, args)), **kwargs}

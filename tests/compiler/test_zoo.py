@@ -90,3 +90,37 @@ def test_plan_predicts_the_kernels_that_launch(name):
     klc.reset_events()
     torch.compile(lambda: step(model, inputs), backend="kernelab")()  # what the plan compiled
     assert len(generated) == klc.events().kernels_launched > 0
+
+
+#: models whose predicted kernelab training step launches more kernels than eager, and why
+MORE_KERNELS_THAN_EAGER = {
+    "resnet": "60 memcpy DtoD: each batch norm's running mean, variance and step count are buffers the "
+              "step mutates, and aot_autograd copies every mutated input back with one copy_ (eager "
+              "updates them inside the norm's kernel; the 61 generated kernels replace eager's 70 pointwise ones)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_count_predicts_a_training_step_in_both_modes(name):
+    """``kernelab.count(..., predict=True)`` (no GPU, nothing runs) on every zoo model's training
+    step, eager and kernelab: both give kernels, kernelab fewer. Mixtral in float32 calls
+    ``torch._grouped_mm``, whose fake kernel refuses float32 (the capture runs it on a stand-in and
+    records the one grouped GEMM)."""
+    import kernelab
+
+    zm = ZOO[name]
+    model, inputs = zm.build("tiny")
+
+    def step(module, inputs):
+        zm.loss(module, inputs).backward()
+
+    counts = {mode: len(kernelab.count(step, model, inputs, mode=mode, predict=True).kernels)
+              for mode in ("eager", "kernelab")}
+    assert counts["eager"] > 0 and counts["kernelab"] > 0, counts
+    if name in MORE_KERNELS_THAN_EAGER:
+        assert counts["kernelab"] >= counts["eager"], f"{name} now has fewer kernels: update the list {counts}"
+    else:
+        assert counts["kernelab"] < counts["eager"], counts
+    if name == "mixtral":
+        eager = kernelab.count(step, model, inputs, mode="eager", predict=True)
+        assert any(k.name == "_grouped_mm" for k in eager.kernels), [k.name for k in eager.kernels][:20]
