@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from . import fusion
 
-__all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties",
+__all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "rewrite"]
 
@@ -36,7 +36,7 @@ aten = torch.ops.aten
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return (fills_without_inputs(gm) + cats_without_empties(gm) + extremes_without_indices(gm)
+    return (fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm) + extremes_without_indices(gm)
             + full_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
             + casts_through_views(gm) + unsqueezes_toward_inputs(gm))
 
@@ -267,6 +267,61 @@ def cats_without_empties(gm: fx.GraphModule) -> int:
     return _cleanup(gm, count)
 
 
+def scatters_as_cats(gm: fx.GraphModule) -> int:
+    """``slice_scatter(zeros, a, d, 0, m) + slice_scatter(zeros, b, d, m, n)`` -> ``cat([a, b], d)``:
+    the backward of a ``cat`` of two slices (RoPE's ``rotate_half``: two per layer, for q and k).
+    Each ``slice_scatter`` copied the whole zero tensor before writing its half, and the zeros were a
+    kernel of their own: four launches and five full-size passes become one that writes the result
+    once. Only where the two ranges (step 1) tile dim d exactly, the base is a zero fill and every
+    tensor has one dtype."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        parts = _tiling_scatters(node)
+        if parts is None:
+            continue
+        dim, pieces = parts
+        b = _Builder(gm, node, fusion.value(node))
+        node.replace_all_uses_with(b.op(aten.cat.default, pieces, dim))
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _tiling_scatters(node) -> tuple | None:
+    """(dim, [src of the lower range, src of the upper]) when ``node`` adds two slice_scatters of
+    one zero fill whose ranges tile dim d, else None."""
+    if node.op != "call_function" or node.target is not aten.add.Tensor or node.kwargs or len(node.args) != 2:
+        return None
+    scatters = node.args
+    if not all(isinstance(s, fx.Node) and s.target is aten.slice_scatter.default for s in scatters):
+        return None
+    base = scatters[0].args[0]
+    val = fusion.value(node)
+    if scatters[1].args[0] is not base or not _zero_fill(base) or not isinstance(val, torch.Tensor):
+        return None
+    ranges = []
+    for s in scatters:
+        args = list(s.args) + [None] * (6 - len(s.args))
+        src, dim, start, end, step = args[1], args[2] if args[2] is not None else 0, args[3], args[4], args[5]
+        dim = dim % val.dim()
+        n = val.shape[dim]
+        if (s.kwargs or step not in (None, 1) or not isinstance(n, int) or not all(isinstance(v, (int, type(None))) for v in (start, end))
+                or fusion.value(src).dtype != val.dtype or fusion.value(base).dtype != val.dtype):
+            return None
+        start = 0 if start is None else start + n if start < 0 else min(start, n)
+        end = n if end is None else end + n if end < 0 else min(end, n)
+        ranges.append((start, end, dim, src))
+    ranges.sort(key=lambda r: r[0])
+    (s0, e0, d0, a), (s1, e1, d1, c) = ranges
+    if d0 != d1 or (s0, e0, s1, e1) != (0, e0, e0, val.shape[d0]) or not 0 < e0 < val.shape[d0]:
+        return None
+    return d0, [a, c]
+
+
+def _zero_fill(node) -> bool:
+    return (isinstance(node, fx.Node) and node.op == "call_function"
+            and ((node.target is aten.full.default and node.args[1] == 0) or node.target is aten.zeros.default))
+
+
 def _no_elements(node) -> bool:
     val = fusion.value(node)
     return isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape) and val.numel() == 0
@@ -325,8 +380,11 @@ def casts_through_views(gm: fx.GraphModule) -> int:
 
 
 def _computed_by_aten(node) -> bool:
-    """An input or an ATen op's result (a matmul's logits): a cast of it fuses only downstream.
+    """An input or an ATen op's result (a matmul's logits), or a reshape of one (HF's
+    ``logits.view(B, S, V)`` of the head's (B*S, V) product): a cast of it fuses only downstream.
     A cast of a generated value stays where it is, in its producer's kernel."""
+    while isinstance(node, fx.Node) and node.op == "call_function" and fusion.target_name(node) in _RESHAPES:
+        node = node.args[0]
     if not isinstance(node, fx.Node):
         return False
     return node.op == "placeholder" or (node.op == "call_function" and fusion.classify(node)[0] == "eager")

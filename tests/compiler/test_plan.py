@@ -481,3 +481,33 @@ def test_aranges_read_by_kernels_become_constants():
     first = compiled(x)[1]
     first.fill_(-1)
     torch.testing.assert_close(compiled(x)[1], torch.arange(3, 30, 3))
+
+
+def _rotate_half(x):
+    """RoPE's rotation as Hugging Face writes it: its backward adds two slice_scatters of zeros."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope(q, cos, sin):
+    return ((q * cos + _rotate_half(q) * sin) * 1.5).sum()
+
+
+def _gapped(q, cos, sin):  # slices that leave a gap: the scatters do not tile the last dim
+    return (torch.cat((q[..., :3], q[..., 4:]), dim=-1) * sin[..., :7]).sum()
+
+
+@pytest.mark.parametrize("fn, rewritten", [(_rope, True), (_gapped, False)], ids=["rope", "gapped"])
+def test_scatters_that_tile_a_dim_become_one_cat(fn, rewritten):
+    """The backward of ``cat`` of two slices, ``slice_scatter(zeros, a, d, 0, m) + slice_scatter(zeros,
+    b, d, m, n)``, is ``cat([a, b], d)``: no zero fill, no scatter (four launches and five full-size
+    passes become one). Where the ranges leave a gap it stays as it was. Gradients equal eager's."""
+    q = torch.randn(2, 3, 5, 8, requires_grad=True)
+    cos, sin = torch.randn(5, 8), torch.randn(5, 8)
+    step = lambda: fn(q, cos, sin).backward()  # noqa: E731
+    names = _names(klc.plan_kernels(step))
+    q.grad = None
+    assert ("slice_scatter" in names) != rewritten and ("full" in names) != rewritten, names
+    got = torch.autograd.grad(klc.compile(fn)(q, cos, sin), q)[0]
+    want = torch.autograd.grad(fn(q, cos, sin), q)[0]
+    torch.testing.assert_close(got, want)
