@@ -40,7 +40,10 @@ def loads_of(group) -> list[Load]:
     full-size nodes read it, not once per element and pass."""
     loads = []
     per_value = "col" if group.kind == "column" else "row"
-    for n in group.nodes:
+    for j, n in enumerate(group.nodes):
+        if fusion.is_cat(n):  # each piece read masked to its range of the cat's dim
+            loads += [Load(p, f"piece{j}.{k}") for k, (p, _, _) in enumerate(fusion.cat_pieces(n))]
+            continue
         role = "full" if group.roles[n] == "full" or fusion.is_reduction(n) else per_value
         for p in n.all_input_nodes:
             if p in group.inputs:
@@ -48,6 +51,16 @@ def loads_of(group) -> list[Load]:
                 if load not in loads:
                     loads.append(load)
     return loads
+
+
+def piece_of(group, load) -> tuple | None:
+    """(cat node, its dim, the piece's start and end along it) of a piece load, else None."""
+    if not load.role.startswith("piece"):
+        return None
+    j, k = (int(v) for v in load.role[len("piece"):].split("."))
+    cat = group.nodes[j]
+    _, start, end = fusion.cat_pieces(cat)[k]
+    return cat, fusion.cat_dim(cat), start, end
 
 
 def constant_along_rows(node) -> bool:
@@ -92,6 +105,18 @@ class _Emitter:
         if want and have != want:
             return f"({name} != 0)" if want == "tl.int1" else f"{name}.to({want})"
         return name
+
+    def cat_expression(self, node) -> str:
+        """cat(pieces, d): each element from the piece whose range of dim d holds it (every piece
+        was loaded masked to its range, so one comparison a piece picks it)."""
+        d = fusion.cat_dim(node)
+        pieces = fusion.cat_pieces(node)
+        j = self.group.nodes.index(node)
+        names = [self.names[p, f"piece{j}.{k}"] for k, (p, _, _) in enumerate(pieces)]
+        expr = names[-1]
+        for name, (_, _, end) in zip(reversed(names[:-1]), reversed(pieces[:-1])):
+            expr = f"tl.where(i{d} < {end}, {name}, {expr})"
+        return expr
 
     def _name_of(self, node):
         if node in self.group.roles:
@@ -152,6 +177,8 @@ def _op_types(node) -> tuple[str | None, str]:
 def node_expression(em: _Emitter, node) -> str:
     """The Triton expression of one pointwise or view node."""
     name = fusion.target_name(node)
+    if fusion.is_cat(node):
+        return em.cat_expression(node)
     want, out = _op_types(node)
     if name not in POINTWISE:  # a view kept inside the kernel: the same values
         return em.operand(node.args[0], None)
@@ -210,8 +237,13 @@ def pointwise_source(group, rank: int) -> str:
     em.emit("offs = start + tl.arange(0, BLOCK)")
     em.emit(f"# coordinates of each element in the collapsed {rank}-d iteration space")
     _emit_coordinates(em, "offs", "i", rank)
-    for t in tensors:
-        em.emit(f"{t}_off = " + " + ".join(f"i{d} * {t}_stride{d}" for d in range(rank)))
+    pieces = {i: piece_of(group, load) for i, load in enumerate(loads)}
+    for i, t in enumerate(tensors):
+        piece = pieces.get(i)
+        coords = [f"(i{d} - {piece[2]})" if piece and d == piece[1] and piece[2] else f"i{d}" for d in range(rank)]
+        em.emit(f"{t}_off = " + " + ".join(f"{c} * {t}_stride{d}" for d, c in enumerate(coords)))
+        if piece:
+            em.emit(f"{t}_in = (i{piece[1]} >= {piece[2]}) & (i{piece[1]} < {piece[3]})  # the piece's range")
     em.emit("if start + BLOCK <= numel:")
     em.emit("    # a full block: no mask, so loads and stores stay 16-byte vectors")
     _pointwise_body(em, loads, outs, None)
@@ -237,8 +269,13 @@ def _pointwise_body(em: _Emitter, loads, outs, mask) -> None:
     m = f", mask={mask}, other=0" if mask else ""
     em.emit("# load each input once")
     for i, load in enumerate(loads):
-        em.names[load.node, "full"] = f"in{i}"
-        em.emit(f"in{i} = tl.load(in{i}_ptr + in{i}_off{m}).to({compute_type(fusion.value(load.node).dtype)})")
+        ct = compute_type(fusion.value(load.node).dtype)
+        em.names[load.node, load.role] = f"in{i}"
+        if load.role.startswith("piece"):
+            within = f"in{i}_in & {mask}" if mask else f"in{i}_in"
+            em.emit(f"in{i} = tl.load(in{i}_ptr + in{i}_off, mask={within}, other=0).to({ct})")
+            continue
+        em.emit(f"in{i} = tl.load(in{i}_ptr + in{i}_off{m}).to({ct})")
     em.emit("# compute")
     for n in em.group.nodes:
         em.names[n] = _var(n)

@@ -168,6 +168,9 @@ def classify(node: fx.Node) -> tuple[str, str]:
         return "eager", bad
     if name in REDUCTIONS:
         return _classify_reduction(node)
+    if name == "aten.cat.default":
+        why = _cat_refusal(node)
+        return ("eager", why) if why else ("pointwise", "")
     if name in POINTWISE:
         why = _pointwise_refusal(node, name)
         return ("eager", why) if why else ("pointwise", "")
@@ -211,6 +214,40 @@ def _pointwise_refusal(node, name) -> str:
                                                or args.get("memory_format") not in (None, torch.preserve_format,
                                                                                     torch.contiguous_format)):
         return "a copy to another device or memory format"
+    return ""
+
+
+def is_cat(node) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and target_name(node) == "aten.cat.default"
+
+
+def cat_dim(node) -> int:
+    return bound_args(node).get("dim", 0) % value(node).dim()
+
+
+def cat_pieces(node) -> list[tuple[fx.Node, int, int]]:
+    """(piece, start, end) along the cat's dim, in order."""
+    d, start, out = cat_dim(node), 0, []
+    for p in node.args[0]:
+        out.append((p, start, start + value(p).shape[d]))
+        start += value(p).shape[d]
+    return out
+
+
+def has_cat(group) -> bool:
+    return any(is_cat(n) for n in group.nodes)
+
+
+def _cat_refusal(node) -> str:
+    """A cat is generated as a pointwise op whose pieces are read from memory, each masked to its
+    range of the cat's dim: static sizes, pieces of the output's dtype and rank."""
+    val, pieces = value(node), node.args[0]
+    if not static_shape(val) or val.dim() == 0:
+        return "a cat of symbolic sizes is not generated"
+    if len(pieces) < 2 or not all(is_tensor_node(p) and not is_constant(p) for p in pieces):
+        return "a cat of fewer than two tensors, or of constants, is not generated"
+    if any(value(p).dtype != val.dtype or value(p).dim() != val.dim() or not static_shape(value(p)) for p in pieces):
+        return "a cat of pieces in other dtypes or ranks is not generated"
     return ""
 
 
@@ -283,6 +320,14 @@ def role_in(group, node, kind: str) -> tuple[str | None, str]:
         return _column_role(group, node, kind, shape, inside)
     if kind == "column":
         return None, "a reduction over the leading dims gets a kernel of its own"
+    if is_cat(node):
+        if group.kind != "pointwise":
+            return None, "a cat joins only pointwise kernels"
+        if inside:
+            return None, "a cat reads its pieces from memory (their producers' kernel writes them)"
+        return ("full", "") if shape == tuple(group.shape) else (None, f"shape {_fmt(shape)} is not the group's")
+    if kind == "reduction" and has_cat(group):
+        return None, "a kernel with a cat stays pointwise (the row templates read no pieces)"
     if kind == "reduction":
         src = node.args[0]
         external = src not in group.roles

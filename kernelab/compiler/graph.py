@@ -150,8 +150,8 @@ class _State:
         seen = self._producer_groups(node)
         out = []
         for p in node.all_input_nodes:
-            if p in self.group_of or fusion.is_constant(p):
-                continue
+            if fusion.is_constant(p) or (p in self.group_of and not fusion.has_cat(self.group_of[p])):
+                continue  # (a cat's kernel takes no reduction: its output is read like an input)
             for user in p.users:
                 g = self.group_of.get(user)
                 if g is not None and g not in seen and g not in out:
@@ -167,7 +167,10 @@ class _State:
 
     def _merge_siblings(self, group: Group, node) -> None:
         """Pointwise groups feeding ``node`` join its group when their shape fits: the same shape
-        (x.sin() + y.cos()), or, into a reduction group, one value per row (rsqrt(var + eps))."""
+        (x.sin() + y.cos()), or, into a reduction group, one value per row (rsqrt(var + eps)).
+        A cat's pieces are read from memory: their groups stay apart."""
+        if fusion.is_cat(node):
+            return
         for other in self._producer_groups(node):
             role = self._sibling_role(group, other)
             if other is group or role is None:
@@ -193,6 +196,8 @@ class _State:
         outside the two groups reads it."""
         if other.kind != "pointwise":
             return None
+        if fusion.has_cat(other):  # its pieces are placed by coordinate: the same iteration space only
+            return "full" if group.kind == "pointwise" and other.shape == group.shape else None
         if group.kind == "column":  # per-column values only, computed after the reduction
             return "col" if fusion.padded(other.shape, 1)[-1:] == fusion.col_shape(group) and \
                 all(s == 1 for s in other.shape[:-1]) else None
@@ -351,7 +356,7 @@ def _prologue(start, shape) -> list | None:
         if fusion.is_constant(n) or fusion.is_scalar(n):
             continue
         if isinstance(n, fx.Node) and n.op == "call_function" and fusion.classify(n)[0] == "pointwise" \
-                and fusion.broadcasts_to(fusion.dims(n), shape):
+                and not fusion.is_cat(n) and fusion.broadcasts_to(fusion.dims(n), shape):
             chain.append(n)
             stack.extend(n.all_input_nodes)
         elif fusion.is_tensor_node(n) and fusion.dims(n) == tuple(shape):

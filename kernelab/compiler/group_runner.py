@@ -398,10 +398,14 @@ class GroupRunner:
     # -- pointwise --------------------------------------------------------------------------
     def prepare_pointwise(self, raw, shape, device) -> "Call":
         g = self.group
-        ins = [t.expand(shape) for t in raw]
+        pieces = [load.role.startswith("piece") for load in self.loads]
+        ins = [t if piece else t.expand(shape) for t, piece in zip(raw, pieces)]  # a piece: its own strides
         outs = [_alloc(n, shape, META, self.padded.get(n)) for n in g.outputs]  # layouts only: no memory
-        order = _iteration_order(outs[0] if outs else ins[0])
-        sizes, strides = _collapse([shape[d] for d in order], [[t.stride(d) for d in order] for t in ins + outs])
+        if any(pieces):  # the kernel compares coordinates of the cat's dim: every dim kept, in order
+            sizes, strides = list(shape), [list(t.stride()) for t in ins + outs]
+        else:
+            order = _iteration_order(outs[0] if outs else ins[0])
+            sizes, strides = _collapse([shape[d] for d in order], [[t.stride(d) for d in order] for t in ins + outs])
         numel = math.prod(sizes)
         launch = self.pointwise_launch(sizes, strides, numel)
         block = launch.block["BLOCK"]

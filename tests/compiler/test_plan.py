@@ -511,3 +511,51 @@ def test_scatters_that_tile_a_dim_become_one_cat(fn, rewritten):
     got = torch.autograd.grad(klc.compile(fn)(q, cos, sin), q)[0]
     want = torch.autograd.grad(fn(q, cos, sin), q)[0]
     torch.testing.assert_close(got, want)
+
+
+def _cat_mid(a, b):
+    return torch.cat([a * 2, b, a], dim=1).relu()
+
+
+def _cat_first(a, b):
+    return torch.cat([a, b.t().contiguous().t()], dim=0) + 1  # a piece with column-major strides
+
+
+def _cat_then_sum(a, b):
+    return torch.cat([a, b], dim=-1).sum(-1)  # a row reduction reads the cat: the cat stays apart
+
+
+def _cat_ints(a, b):
+    return torch.cat([(a > 0).long(), (b > 0).long()], dim=-1) * 3
+
+
+@pytest.mark.parametrize("fn, shapes, kernels", [
+    (_cat_mid, ((3, 4, 5), (3, 2, 5)), ["kl_fused_mul", "kl_fused_cat_relu"]),
+    (_cat_first, ((2, 6), (3, 6)), None),
+    (_cat_then_sum, ((4, 3), (4, 5)), None),
+    (_cat_ints, ((4, 3), (4, 5)), None),
+], ids=["middle_dim", "first_dim_strided", "then_row_sum", "int64"])
+def test_cat_is_generated_with_its_consumers(fn, shapes, kernels):
+    """``cat`` is a pointwise op of the kernel that reads it: each piece loaded masked to its range
+    of the cat's dim (no ``CatArrayBatchedCopy``, no written intermediate); pieces of any strides;
+    values equal eager's. A row reduction of a cat keeps the cat in a kernel of its own."""
+    a, b = (torch.randn(*s) for s in shapes)
+    names = _names(klc.plan_kernels(fn, (a, b), {}))
+    assert "cat" not in names and any("cat" in n for n in names), names
+    if kernels is not None:
+        assert names == kernels
+    torch.testing.assert_close(klc.compile(fn)(a, b), fn(a, b))
+
+
+def test_rope_forward_and_backward_cats_join_their_kernels():
+    """RoPE (``q * cos + rotate_half(q) * sin``): the forward's cat is computed in the kernel of the
+    products and the add, the backward's (from ``scatters_as_cats``) in the add of its two terms."""
+    q = torch.randn(2, 3, 5, 8, requires_grad=True)
+    cos, sin = torch.randn(5, 8), torch.randn(5, 8)
+    fn = lambda q: q * cos + _rotate_half(q) * sin  # noqa: E731
+    names = _names(klc.plan_kernels(lambda: fn(q).sum().backward()))
+    q.grad = None
+    assert "cat" not in names and "kl_fused_mul_cat_add" in names and "kl_fused_cat_add" in names, names
+    g = torch.randn(2, 3, 5, 8)
+    got = torch.autograd.grad(klc.compile(fn)(q), q, g)[0]
+    torch.testing.assert_close(got, torch.autograd.grad(fn(q), q, g)[0])
