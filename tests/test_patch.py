@@ -140,6 +140,19 @@ class _Calls:
         return counted
 
 
+def _recording_compile(module):
+    """(torch.compile(module, fullgraph=True) through a backend that runs the graph as traced, the
+    list it fills with every call_function target of the graphs it is given)."""
+    targets = []
+
+    def recording_backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    return torch.compile(module, backend=recording_backend, fullgraph=True), targets
+
+
 # ============================================================================= real models
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_patched_step_equals_unpatched_and_report_lists_swaps(name, monkeypatch):
@@ -209,14 +222,7 @@ def test_compiled_fullgraph_runs_the_kernels(name):
     model, inputs = _build(name)
     ref_loss, ref_grads = _step(model, inputs)
     kernelab.patch(model)
-    targets = []
-
-    def recording_backend(gm, example_inputs):
-        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=recording_backend, fullgraph=True)
+    compiled, targets = _recording_compile(model)
     loss, grads = _step(compiled, inputs)
     _assert_same_step(loss, {k.removeprefix("_orig_mod."): v for k, v in grads.items()}, ref_loss, ref_grads)
     norm_calls = sum(t.startswith("kernelab.norm") for t in targets)
@@ -451,7 +457,11 @@ def test_causal_loss_in_float16_reads_the_logits_in_their_dtype():
     ours = patch_loss.causal_lm_loss(logits, labels, vocab_size=2880)
     (grad,) = torch.autograd.grad(ours, logits)
     assert ours.dtype == torch.float32 and grad.dtype == torch.float16
-    torch.testing.assert_close(ours, ref, rtol=2e-3, atol=0)  # the value is rounded to float16
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=0)  # float32 out of the kernel: not rounded to float16
+    with_items = patch_loss.causal_lm_loss(logits, labels, vocab_size=2880, num_items_in_batch=torch.tensor(7))
+    assert with_items.dtype == torch.float32
+    torch.testing.assert_close(with_items, ForCausalLMLoss(logits, labels, vocab_size=2880, num_items_in_batch=7),
+                               rtol=1e-5, atol=0)
     torch.testing.assert_close(grad, ref_grad, rtol=4e-3, atol=2e-3 * float(ref_grad.abs().max()))
 
 
@@ -510,14 +520,8 @@ def test_fused_mlp_under_torch_compile_fullgraph():
     model, inputs = _build("llama")
     ref_loss, ref_grads = _step(model, inputs)
     kernelab.patch(model, fused_mlp=True)
-    targets = []
-
-    def recording_backend(gm, example_inputs):
-        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm.forward
-
-    torch._dynamo.reset()
-    loss, grads = _step(torch.compile(model, backend=recording_backend, fullgraph=True), inputs)
+    compiled, targets = _recording_compile(model)
+    loss, grads = _step(compiled, inputs)
     _assert_same_step(loss, {k.removeprefix("_orig_mod."): v for k, v in grads.items()}, ref_loss, ref_grads)
     assert targets.count("kernelab.swiglu_linear.default") == model.config.num_hidden_layers
     assert targets.count("kernelab.pointwise.default") == 0  # no separate silu_mul
@@ -614,14 +618,8 @@ def test_fused_linear_under_torch_compile_fullgraph():
     x = _x(2, 7, 48)
     ref = _module_grads(module, x)
     kernelab.patch(module, fused_linear=True)
-    targets = []
-
-    def recording_backend(gm, example_inputs):
-        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm.forward
-
-    torch._dynamo.reset()
-    got = _module_grads(torch.compile(module, backend=recording_backend, fullgraph=True), x)
+    compiled, targets = _recording_compile(module)
+    got = _module_grads(compiled, x)
     for a, b in zip(got, ref):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
     assert targets.count("kernelab.linear.default") == 1

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..errors import KernelabError
 from . import _common
 from .softmax import log_softmax, lse_update
 
@@ -194,9 +195,11 @@ def _weight_sum(weight, smoothing: float) -> torch.Tensor | None:
 REDUCE_BLOCK = 4096
 
 
-def _ce_forward(logits, target, weight, ignore_index: int, smoothing: float, reduction: str):
-    """(loss, lse, denom) for [M, C] logits and [M] targets; loss reduced, in the logits' dtype;
-    denom (the mean's divisor, float32) is only written for reduction "mean".
+def _ce_forward(logits, target, weight, ignore_index: int, smoothing: float, reduction: str,
+                float32_loss: bool = False):
+    """(loss, lse, denom) for [M, C] logits and [M] targets; loss reduced, in the logits' dtype
+    (float32 with ``float32_loss``: the float32 accumulation not rounded); denom (the mean's
+    divisor, float32) is only written for reduction "mean".
 
     Two launches at most: the row kernel, and for "sum" and "mean" one reduction kernel; "none"
     stores each row's loss in the logits' dtype directly. The target weights (internal) and denom
@@ -208,7 +211,8 @@ def _ce_forward(logits, target, weight, ignore_index: int, smoothing: float, red
     # the host less than one sliced in two
     denom, wt = _common.empty((), torch.float32, device), _common.empty((m,), torch.float32, device)
     none = reduction == "none"
-    loss = _common.empty((m,), logits.dtype if none else torch.float32, device)
+    out_dtype = torch.float32 if float32_loss else logits.dtype
+    loss = _common.empty((m,), out_dtype if none else torch.float32, device)
     if m and c:
         x, stride_x = _common.row_view(logits, c)
         _fwd_launch(c, weight is not None, smoothing > 0, FWD_BLOCK_C)(
@@ -219,7 +223,7 @@ def _ce_forward(logits, target, weight, ignore_index: int, smoothing: float, red
         loss.fill_(float("nan")), lse.fill_(float("-inf")), wt.fill_(1.0)
     if none:
         return loss, lse, denom
-    out = _common.empty((), logits.dtype, device)
+    out = _common.empty((), out_dtype, device)
     _reduce_launch(reduction == "mean")((1,), loss, wt, out, denom, m)
     return out, lse, denom
 
@@ -266,15 +270,15 @@ def _bwd_launch(c: int, has_weight: bool, smooth: bool, mean: bool, block: int) 
 @torch.library.custom_op("kernelab::cross_entropy", mutates_args=())
 def _ce_op(
     logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
-    ignore_index: int, smoothing: float, reduction: str,
+    ignore_index: int, smoothing: float, reduction: str, float32_loss: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _ce_forward(logits, target, weight, ignore_index, smoothing, reduction)
+    return _ce_forward(logits, target, weight, ignore_index, smoothing, reduction, float32_loss)
 
 
 @_ce_op.register_fake
-def _(logits, target, weight, ignore_index, smoothing, reduction):
+def _(logits, target, weight, ignore_index, smoothing, reduction, float32_loss):
     m = logits.shape[0]
-    out = logits.new_empty((m,) if reduction == "none" else ())
+    out = logits.new_empty((m,) if reduction == "none" else (), dtype=torch.float32 if float32_loss else logits.dtype)
     return out, logits.new_empty((m,), dtype=torch.float32), logits.new_empty((), dtype=torch.float32)
 
 
@@ -292,7 +296,7 @@ def _(grad, logits, target, weight, lse, denom, ignore_index, smoothing, reducti
 
 
 def _setup_context(ctx, inputs, output):
-    logits, target, weight, ignore_index, smoothing, reduction = inputs
+    logits, target, weight, ignore_index, smoothing, reduction, _ = inputs
     _, lse, denom = output
     ctx.args = (ignore_index, smoothing, reduction)
     ctx.save_for_backward(logits, target, weight, lse, denom)
@@ -302,12 +306,12 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad, _dlse, _ddenom):
     if grad is None:
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     logits, target, weight, lse, denom = ctx.saved_tensors
     if _common.builds_graph():  # double backward: PyTorch's differentiable gradient
-        return _reference_grad(ctx, grad, logits, target, weight), None, None, None, None, None
+        return _reference_grad(ctx, grad, logits, target, weight), None, None, None, None, None, None
     dx = _common.call(_ce_backward_op, _ce_backward, grad, logits, target, weight, lse, denom, *ctx.args)
-    return dx, None, None, None, None, None
+    return dx, None, None, None, None, None, None
 
 
 def _reference_grad(ctx, grad, logits, target, weight):
@@ -399,25 +403,37 @@ def cross_entropy(
     reduce=None,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    *,
+    loss_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Drop-in for ``torch.nn.functional.cross_entropy`` (class-index or probability targets).
 
     Logits (C), (N, C) or (N, C, d1, ...); class weights, ``ignore_index``, ``label_smoothing`` and
     every reduction. Forward: one kernel reading the logits once (online logsumexp); backward: one
     kernel reading them once more and writing the gradient: probabilities never reach memory. The
-    loss has the logits' dtype and is accumulated in float32. As in PyTorch, a ``label_smoothing``
-    above 1 is an error and one that is not above 0 (negative, NaN) means no smoothing.
+    loss has the logits' dtype and is accumulated in float32; ``loss_dtype=torch.float32`` (a kernelab
+    keyword) returns that float32 value unrounded, as ``F.cross_entropy(input.float(), ...)`` would,
+    without a float32 copy of the logits. As in PyTorch, a ``label_smoothing`` above 1 is an error
+    and one that is not above 0 (negative, NaN) means no smoothing.
     """
     if size_average is not None or reduce is not None:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    if loss_dtype not in (None, torch.float32):
+        raise KernelabError(f"cross_entropy: loss_dtype must be None (the logits' dtype) or torch.float32, "
+                            f"got {loss_dtype}")
+    float32_loss = loss_dtype is not None and isinstance(input, torch.Tensor) and input.dtype != torch.float32
     if _torch_decides(input, target, weight, reduction, label_smoothing):
         return F.cross_entropy(
-            input, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
-        )
+            input.float() if float32_loss else input, target,
+            weight.float() if float32_loss and weight is not None else weight,
+            ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
     class_dim = 0 if input.dim() == 1 else 1
     c = input.shape[class_dim]
     smoothing = float(label_smoothing) if label_smoothing > 0 else 0.0  # negative or NaN: none, as in PyTorch
-    if target.is_floating_point():
+    if target.is_floating_point():  # (with float32_loss, computed on a float32 copy: a rare path)
+        if float32_loss:
+            input, target = input.float(), target.float()
+            weight = None if weight is None else weight.float()
         return _soft_targets(input, target, weight, reduction, smoothing, class_dim)
     check_targets_on_host(target, c, ignore_index)
     # logits as [M, C] rows, class dim last (a K-dim input is transposed once)
@@ -425,5 +441,6 @@ def cross_entropy(
     weight = None if weight is None else weight.contiguous()
     if target.dim() != 1 or not target.is_contiguous():  # (reshape makes a view even of a flat target)
         target = target.reshape(-1).contiguous()
-    loss = _common.apply(_CrossEntropy, _ce_op, logits, target, weight, int(ignore_index), smoothing, reduction)[0]
+    loss = _common.apply(_CrossEntropy, _ce_op, logits, target, weight, int(ignore_index), smoothing, reduction,
+                         float32_loss)[0]
     return loss.reshape(input.shape[:class_dim] + input.shape[class_dim + 1:]) if reduction == "none" else loss

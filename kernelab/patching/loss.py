@@ -17,9 +17,10 @@ The replacement reads the logits in their own dtype: no float32 copy of [tokens,
 (HF's ``logits.float()`` writes one and its backward another); the kernel accumulates in float32.
 Reduction: the mean over labels that are not ``ignore_index`` in one kernel launch pair (gradient
 exact: scaled by 1 / count in float32 inside the kernel); with ``num_items_in_batch`` the sum divided
-by it. The loss value has the logits' dtype (for bf16 logits it is rounded to 8 significant bits,
-~0.2 %, then returned as float32 as HF does); the gradient is not affected by that rounding. With
-``num_items_in_batch`` the scale 1 / num_items reaches the kernel rounded to the logits' dtype.
+by it. The loss comes out of the kernel in float32 (``loss_dtype=torch.float32``: the float32
+accumulation, not rounded to the logits' dtype), as HF's float32 loss; the gradient reaching the
+kernel, 1 / num_items with ``num_items_in_batch``, stays float32 too. (Until 2026-12-03 the value was
+rounded to the logits' dtype first: for bf16 logits 8 significant bits, GPT-2's 4.8595 read 4.875.)
 
 The LM head and the loss fused (``linear_cross_entropy``: the logits never held) replace the
 model's forward instead: ``lm_head.py``, ``patch(model, fused_lm_head=True)``.
@@ -48,8 +49,8 @@ def _token_loss(logits, labels, vocab_size, num_items_in_batch, ignore_index):
     logits = logits.reshape(-1, vocab_size)
     labels = labels.reshape(-1).to(logits.device)
     if num_items_in_batch is None:
-        return ops.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="mean").float()
-    total = ops.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum").float()
+        return ops.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="mean", loss_dtype=torch.float32)
+    total = ops.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum", loss_dtype=torch.float32)
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch

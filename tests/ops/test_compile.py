@@ -61,7 +61,8 @@ OPCHECK = [
     ("norm", lambda: (torch.ops.kernelab.norm.default, (randn((3, 10), torch.float32), 10, randn((10,), torch.float32, seed=1), randn((10,), torch.float32, seed=2), 1e-5, False))),
     ("pointwise", lambda: (torch.ops.kernelab.pointwise.default, (randn((3, 10), torch.float32), randn((10,), torch.float32, seed=1), "silu_mul"))),
     ("pointwise_add", lambda: (torch.ops.kernelab.pointwise.default, (randn((3, 10), torch.float32), randn((3, 10), torch.float32, seed=1), "add_relu"))),
-    ("cross_entropy", lambda: (torch.ops.kernelab.cross_entropy.default, (randn((4, 10), torch.float32), torch.tensor([1, 2, -100, 9]), None, -100, 0.0, "mean"))),
+    ("cross_entropy", lambda: (torch.ops.kernelab.cross_entropy.default, (randn((4, 10), torch.float32), torch.tensor([1, 2, -100, 9]), None, -100, 0.0, "mean", False))),
+    ("cross_entropy_float32_loss", lambda: (torch.ops.kernelab.cross_entropy.default, (randn((4, 10), torch.float16), torch.tensor([1, 2, -100, 9]), None, -100, 0.0, "none", True))),
 ]
 
 

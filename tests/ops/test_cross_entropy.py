@@ -117,3 +117,24 @@ def test_errors_match_torch():
         assert type(a.value) is type(b.value), kw
         assert str(a.value) == str(b.value), kw
 
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("soft", [False, True], ids=["classes", "probabilities"])
+def test_float32_loss_of_half_logits_is_not_rounded(reduction, soft):
+    """``loss_dtype=torch.float32``: the loss of float16 logits as ``F.cross_entropy(x.float(), ...)``
+    gives it (the kernel's float32 accumulation, not rounded to float16), the gradient in float16;
+    any other loss_dtype is refused with one line."""
+    x = randn((9, 4097), torch.float16, scale=3.0).requires_grad_()
+    t = torch.softmax(randn((9, 4097), torch.float32, seed=4), -1) if soft else targets((9,), 4097)
+    y = K.cross_entropy(x, t, reduction=reduction, loss_dtype=torch.float32)
+    ref = F.cross_entropy(x.detach().float().requires_grad_(), t, reduction=reduction)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, ref.detach(), rtol=1e-5, atol=1e-6)
+    g = torch.ones_like(y)
+    (dx,) = torch.autograd.grad(y, x, g)
+    assert dx.dtype == torch.float16
+    (dref,) = torch.autograd.grad(F.cross_entropy(x.float(), t, reduction=reduction), x, g)
+    torch.testing.assert_close(dx.float(), dref.float(), rtol=2e-3, atol=1e-4)
+    with pytest.raises(Exception, match="loss_dtype must be None"):
+        K.cross_entropy(x, t, loss_dtype=torch.float64)
