@@ -16,6 +16,7 @@ Two ways to run:
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -358,7 +359,10 @@ def _to_fake(t, mode):
 
 def _fake_target(target, args, kwargs, mode):
     convert = lambda t: _to_fake(t, mode)  # noqa: E731
-    fargs = pytree.tree_map(convert, (args, kwargs))
+    # a module among the arguments (a training step's model) runs as a copy on fakes: its backward
+    # would otherwise leave fake gradients in the caller's real parameters
+    fargs = pytree.tree_map(lambda a: _fake_module(a, convert) if isinstance(a, torch.nn.Module) else convert(a),
+                            (args, kwargs))
     if isinstance(target, torch.nn.Module):
         state = {name: convert(t) for name, t in _module_state(target).items()}
         fn = lambda *a, **k: torch.func.functional_call(target, state, a, k)  # noqa: E731
@@ -366,6 +370,13 @@ def _fake_target(target, args, kwargs, mode):
     else:
         fn, extra = target, []
     return fn, fargs, extra
+
+
+def _fake_module(module: torch.nn.Module, convert) -> torch.nn.Module:
+    """A copy of ``module`` whose parameters and buffers are fakes: its structure is copied, no
+    tensor's data (each tensor's copy is its fake, through deepcopy's memo)."""
+    memo = {id(t): convert(t) for t in _module_state(module).values()}
+    return copy.deepcopy(module, memo)
 
 
 def _module_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -230,9 +230,14 @@ def _run_plan(target, args, kwargs, ctx) -> _PlanRecorder:
     from . import register
 
     register()
+    # everything the call can write is a private copy: the target if it is a module, tensors and
+    # modules among the arguments (a training step passed its model: its backward would otherwise
+    # accumulate gradients into the caller's parameters)
+    memo: dict = {}
     if isinstance(target, torch.nn.Module):
-        target = copy.deepcopy(target)
-    args, kwargs = pytree.tree_map(_copy_tensor, (tuple(args), dict(kwargs or {})))
+        target = copy.deepcopy(target, memo)
+    args, kwargs = pytree.tree_map(lambda a: copy.deepcopy(a, memo) if isinstance(a, torch.nn.Module) else _copy_tensor(a),
+                                   (tuple(args), dict(kwargs or {})))
     recorder = _PlanRecorder(ctx or Context())
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     if isinstance(target, torch.nn.Module):

@@ -559,3 +559,24 @@ def test_rope_forward_and_backward_cats_join_their_kernels():
     g = torch.randn(2, 3, 5, 8)
     got = torch.autograd.grad(klc.compile(fn)(q), q, g)[0]
     torch.testing.assert_close(got, torch.autograd.grad(fn(q), q, g)[0])
+
+
+def test_planning_a_training_step_leaves_the_callers_model_alone():
+    """``explain`` / ``count(predict=True)`` of a step that takes its model as an argument run it
+    on private copies: no gradient accumulates in the caller's parameters (before: real gradients
+    from the plan, fake ones from eager's capture, which broke the caller's next real step), no
+    buffer moves."""
+    import kernelab
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(5, 4)
+
+    def step(m, x):
+        m(x).relu().sum().backward()
+
+    klc.explain(step, model, x)
+    for mode in ("kernelab", "eager"):  # eager's capture left fake gradients in the real parameters
+        assert kernelab.count(step, model, x, mode=mode, predict=True).kernels
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
