@@ -47,7 +47,7 @@ def loads_of(group) -> list[Load]:
         role = "full" if group.roles[n] == "full" or fusion.is_reduction(n) else per_value
         for p in n.all_input_nodes:
             if p in group.inputs:
-                load = Load(p, "row" if group.kind == "reduction" and constant_along_rows(p) else role)
+                load = Load(p, "row" if group.kind == "reduction" and fusion.constant_along_rows(p) else role)
                 if load not in loads:
                     loads.append(load)
     return loads
@@ -61,12 +61,6 @@ def piece_of(group, load) -> tuple | None:
     cat = group.nodes[j]
     _, start, end = fusion.cat_pieces(cat)[k]
     return cat, fusion.cat_dim(cat), start, end
-
-
-def constant_along_rows(node) -> bool:
-    """The value broadcasts along a row reduction's last dim: a scalar tensor or size 1 there."""
-    v = fusion.value(node)
-    return v.dim() == 0 or (isinstance(v.shape[-1], int) and v.shape[-1] == 1)
 
 
 def arange_of(node, group) -> tuple | None:

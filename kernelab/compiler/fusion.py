@@ -217,6 +217,13 @@ def _pointwise_refusal(node, name) -> str:
     return ""
 
 
+def constant_along_rows(node) -> bool:
+    """The value is one value per row of anything it broadcasts to: a scalar tensor, or size 1 in
+    the last dim (a row max kept with keepdim, a per-row target or scale)."""
+    v = value(node)
+    return v.dim() == 0 or (isinstance(v.shape[-1], int) and v.shape[-1] == 1)
+
+
 def is_cat(node) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and target_name(node) == "aten.cat.default"
 

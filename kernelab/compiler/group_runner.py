@@ -619,7 +619,7 @@ def _as_rows(t: torch.Tensor, load, group, shape) -> torch.Tensor:
     last-dim stride is 0 (row loads)."""
     if load.role == "full":
         return t.expand(shape)
-    if codegen.constant_along_rows(load.node):  # a scalar or size 1 in the last dim
+    if fusion.constant_along_rows(load.node):  # a scalar or size 1 in the last dim
         return t.expand(list(shape[:-1]) + [1]).expand(shape)
     users = [n for n in group.nodes if load.node in n.all_input_nodes and group.roles[n] == "row"]
     node_shape = _row_shape(fusion.value(users[0]), shape) if users else list(shape[:-1]) + [1]

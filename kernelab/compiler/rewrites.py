@@ -542,16 +542,16 @@ def _hoist_before(gm: fx.GraphModule, node: fx.Node, anchor: fx.Node) -> bool:
 
 
 def _row_subtractions(source: fx.Node) -> tuple:
-    """(x, [r1, r2, ...]) for ``source = x - r1 - r2 ...`` where each r is one value per row (a
-    scalar, or size 1 in the last dim) of x's dtype: innermost first; (source, []) otherwise."""
+    """(x, [r1, r2, ...]) for ``source = x - r1 - r2 ...`` where each r is one value per row
+    (``fusion.constant_along_rows``) of x's dtype that broadcasts into x without growing it (x has
+    the difference's shape): innermost first; (source, []) otherwise."""
     per_row = []
     while (source.op == "call_function" and source.target is aten.sub.Tensor and len(source.args) == 2
            and not source.kwargs and all(isinstance(a, fx.Node) for a in source.args)):
         x, r = source.args
         xv, rv, sv = fusion.value(x), fusion.value(r), fusion.value(source)
         if not (isinstance(xv, torch.Tensor) and isinstance(rv, torch.Tensor) and xv.shape == sv.shape
-                and xv.dtype == rv.dtype == sv.dtype
-                and (rv.dim() == 0 or (rv.dim() == xv.dim() and isinstance(rv.shape[-1], int) and rv.shape[-1] == 1))):
+                and xv.dtype == rv.dtype == sv.dtype and fusion.constant_along_rows(r)):
             break
         per_row.append(r)
         source = x
