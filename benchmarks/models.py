@@ -10,8 +10,11 @@ loss, backward; infer: ``torch.no_grad()`` forward of the model in eval mode), o
 
 * ``cold_s``: the first step, compile included, from empty disk caches (TORCHINDUCTOR_CACHE_DIR,
   TRITON_CACHE_DIR and KERNELAB_CACHE point at a fresh temporary directory for every mode and
-  step kind; ``torch._dynamo.reset()`` before it). One process per model (a CUDA error in one mode
-  cannot poison the next model). Before a compiled mode's first step its compiler is imported and
+  step kind; ``torch._dynamo.reset()`` before it). One process per model and mode: a CUDA error in
+  one mode cannot poison the next, and no mode runs in a process another compiler has filled (in
+  one process for all three modes, the mode compiled second can run its host-bound steps slower:
+  ``--one-process`` keeps that way, for comparison; ``results/models_h200_process_h200.txt``). A compiled mode's process runs
+  eager's first step before its own, as the reference of the agreement columns. Before a compiled mode's first step its compiler is imported and
   started on a trivial function (``startup_s``), so neither compiler pays the process's one-time
   start-up inside ``cold_s``. The infer step is compiled after the train step, so in-memory
   kernel caches of either compiler may already hold kernels the two graphs share.
@@ -199,7 +202,7 @@ def _backend(mode: str) -> str:
     return "kernelab" if mode == "kernelab" else "inductor"
 
 
-def _run_one(zm, model, inputs, mode, step, device, tmp, ref, buffers0) -> dict:
+def _run_one(zm, model, inputs, mode, step, device, tmp, ref, buffers0, timed: bool = True) -> dict:
     import torch
 
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -247,6 +250,8 @@ def _run_one(zm, model, inputs, mode, step, device, tmp, ref, buffers0) -> dict:
         elif "out" in ref:
             row["out_err"] = _rel(out, ref["out"])
     del out
+    if not timed:  # eager's first step as the reference of a compiled mode's own process
+        return row
     warm = _time_steps(call, device, 2 if device.type == "cuda" else 1)
     target_s = 1.0 if device.type == "cuda" else 0.3
     n = int(min(100, max(5 if device.type == "cuda" else 3, target_s * 1e3 / max(min(warm), 1e-3))))
@@ -297,6 +302,11 @@ def worker(name: str, size: str, modes, steps) -> None:
     buffers0 = {n: b.detach().clone() for n, b in model.named_buffers()}
     refs = {s: {} for s in steps}
     with tempfile.TemporaryDirectory(prefix=f"kl-models-{name}-") as tmp:
+        if "eager" not in modes:  # a process of its own for a compiled mode: eager's first step as reference
+            for step in steps:
+                _run_one(zm, model, inputs, "eager", step, device, Path(tmp), refs[step], buffers0, timed=False)
+                for _, p in model.named_parameters():
+                    p.grad = None
         for mode in modes:
             startup = None
             if mode != "eager":
@@ -335,10 +345,30 @@ def _reader(stream, q):
 
 
 def run_model(args, name, deadline, log, on_line) -> list[dict]:
-    """One worker process for ``name``; rows it printed, plus ``timeout``/``error`` rows for the
-    (mode, step) pairs it never reported."""
+    """The worker processes for ``name`` (one per mode: see the module's doc); rows they printed,
+    plus ``timeout``/``error`` rows for the (mode, step) pairs never reported."""
+    if args.one_process:
+        return _run_worker(args, name, args.modes, deadline, log, on_line)
+    rows = []
+    for mode in args.modes:
+        if time.time() >= deadline - 5:
+            break
+        rows += _run_worker(args, name, [mode], deadline, log, on_line)
+    done = {(r["mode"], r["step"]) for r in rows}
+    for mode in args.modes:
+        for step in args.steps:
+            if (mode, step) not in done:
+                rows.append({"model": name, "size": args.size, "mode": mode, "step": step, "status": "timeout",
+                             "error": f"not started: --budget-s {args.budget_s:g} reached"})
+                on_line("ROW", rows[-1])
+    return rows
+
+
+def _run_worker(args, name, modes, deadline, log, on_line) -> list[dict]:
+    """One worker process for ``name`` and ``modes``; rows it printed, plus ``timeout``/``error``
+    rows for the (mode, step) pairs it never reported."""
     cmd = [sys.executable, str(Path(__file__).resolve()), str(args.out), "--worker", name, "--size", args.size,
-           "--modes", ",".join(args.modes), "--steps", ",".join(args.steps)]
+           "--modes", ",".join(modes), "--steps", ",".join(args.steps)]
     log.write(f"\n===== {name}: {' '.join(cmd)}\n")
     log.flush()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
@@ -369,7 +399,7 @@ def run_model(args, name, deadline, log, on_line) -> list[dict]:
     if why is None and rc != 0:
         why = ("error", f"worker exited with status {rc} (see models.log)")
     done = {(r["mode"], r["step"]) for r in rows}
-    for mode in args.modes:
+    for mode in modes:
         for step in args.steps:
             if (mode, step) not in done:
                 rows.append({"model": name, "size": args.size, "mode": mode, "step": step,
@@ -487,6 +517,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated zoo names")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--steps", default=",".join(STEPS))
+    ap.add_argument("--one-process", action="store_true",
+                    help="all modes of a model in one process, one after another (the old way: see above)")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.modes = [m for m in args.modes.split(",") if m]

@@ -1,11 +1,15 @@
 #!/usr/bin/env python
 """Where a zoo model's step spends its GPU time, per compiler: the top kernels by total CUDA time.
 
-    python benchmarks/zoo_profile.py OUT_DIR gpt2:infer llama:train [--modes inductor,kernelab] [--top 15]
+    python benchmarks/zoo_profile.py OUT_DIR gpt2:infer llama:train [--modes inductor,kernelab] [--top 15] [--memory] [--cprofile]
 
 For each MODEL:STEP and mode, after two warm-up steps, one step under torch.profiler; kernels are
 grouped by name (a generated kernel's name says which ops it fused). Prints per mode: total CUDA
-time, kernel count, the step's peak memory, and the top kernels (calls, total ms, share); writes OUT_DIR/zoo_profile.txt.
+time, kernel count, the step's peak memory, its wall time and the host's share of it (the time to
+launch every kernel), and the top kernels (calls, total ms, share); writes OUT_DIR/zoo_profile.txt.
+With --memory, one more step runs under torch's allocator history, and the report lists the
+allocations live at that step's peak (the step's own, biggest first, with the Python line that made
+each): where a compiler's peak goes.
 Needs a CUDA GPU (the device machine).
 """
 from __future__ import annotations
@@ -29,7 +33,89 @@ def _step(zm, model, inputs, kind):
             zm.forward(model, inputs)
 
 
-def profile_one(name: str, kind: str, mode: str, top: int) -> list[str]:
+def _frame_of(frames: list[dict]) -> str:
+    """The innermost frame outside torch's own files: the line of the model, runner or output code."""
+    for f in frames:
+        name = f.get("filename", "")
+        if "/torch/" not in name or "_inductor" in name or "torchinductor" in name:
+            return f"{Path(name).name}:{f.get('line')} {f.get('name')}"
+    return "?"
+
+
+def _live_at_peak(snapshot: dict, top: int) -> list[str]:
+    """Replay the allocator's trace: the allocations live when the step's own bytes peaked."""
+    live: dict[int, tuple[int, str]] = {}
+    total = peak = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    for trace in snapshot["device_traces"]:
+        for event in trace:
+            if event["action"] == "alloc":
+                live[event["addr"]] = (event["size"], _frame_of(event.get("frames", [])))
+                total += event["size"]
+                if total > peak:
+                    peak, at_peak = total, dict(live)
+            elif event["action"] == "free_requested" and event["addr"] in live:
+                total -= live.pop(event["addr"])[0]
+    lines = [f"  step's own allocations at their peak: {peak / 2**30:.2f} GiB in {len(at_peak)} blocks"]
+    by_site: dict[str, list[int]] = {}
+    for size, site in at_peak.values():
+        by_site.setdefault(site, []).append(size)
+    for site, sizes in sorted(by_site.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        lines.append(f"  {sum(sizes) / 2**30:8.3f} GiB x{len(sizes):<4d} {site[:110]}")
+    return lines
+
+
+def _memory_lines(zm, target, inputs, kind, top: int) -> list[str]:
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated() / 2**30
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    try:
+        _step(zm, target, inputs, kind)
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return [f"  allocated before the step: {before:.2f} GiB"] + _live_at_peak(snapshot, top)
+
+
+def _host_and_wall(zm, target, inputs, kind, steps: int = 5) -> tuple[float, float]:
+    """Median host time to return from a step (every kernel launched, none waited for) and median
+    wall time of the step (synchronized): a host time near the wall time means a host-bound step."""
+    import statistics
+    import time
+
+    host, wall = [], []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        _step(zm, target, inputs, kind)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) * 1e3)
+        wall.append((t2 - t0) * 1e3)
+    return statistics.median(host), statistics.median(wall)
+
+
+def _host_profile(zm, target, inputs, kind, top: int) -> list[str]:
+    """cProfile of one step's host side: the Python functions that took the most time of their own."""
+    import cProfile
+    import io
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    _step(zm, target, inputs, kind)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return ["  host profile of one step (cProfile, by own time):"] + [
+        "  " + line for line in text.getvalue().splitlines() if line.strip()][:top + 8]
+
+
+def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False, cprofile: bool = False) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
     import kernelab.compiler  # noqa: F401 - registers backend="kernelab"
@@ -43,6 +129,7 @@ def profile_one(name: str, kind: str, mode: str, top: int) -> list[str]:
     target = model if mode == "eager" else torch.compile(model, backend="kernelab" if mode == "kernelab" else "inductor")
     for _ in range(2):
         _step(zm, target, inputs, kind)
+    host_ms, wall_ms = _host_and_wall(zm, target, inputs, kind)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -52,10 +139,15 @@ def profile_one(name: str, kind: str, mode: str, top: int) -> list[str]:
     total = sum(e.device_time_total for e in events) / 1e3
     calls = sum(e.count for e in events)
     peak = torch.cuda.max_memory_allocated() / 2**30
-    lines = [f"== {name} {kind} {mode}: {total:.2f} ms of GPU time in {calls} kernels/memops, peak {peak:.2f} GiB"]
+    lines = [f"== {name} {kind} {mode}: {total:.2f} ms of GPU time in {calls} kernels/memops, peak {peak:.2f} GiB; "
+             f"step {wall_ms:.2f} ms, of which the host took {host_ms:.2f} ms to launch everything"]
     for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
         ms = e.device_time_total / 1e3
         lines.append(f"  {ms:8.3f} ms {100 * ms / max(total, 1e-9):5.1f}% x{e.count:<4d} {e.key[:110]}")
+    if memory:
+        lines += _memory_lines(zm, target, inputs, kind, top)
+    if cprofile:
+        lines += _host_profile(zm, target, inputs, kind, top)
     del model, target
     torch.cuda.empty_cache()
     return lines
@@ -67,6 +159,8 @@ def main() -> None:
     parser.add_argument("targets", nargs="+", help="MODEL:train|infer")
     parser.add_argument("--modes", default="inductor,kernelab")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--memory", action="store_true", help="list the allocations live at the step's peak")
+    parser.add_argument("--cprofile", action="store_true", help="the host's Python functions by own time, one step")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("zoo_profile.py: needs a CUDA GPU (run it on the device machine)")
@@ -76,7 +170,7 @@ def main() -> None:
         name, _, kind = target.partition(":")
         for mode in args.modes.split(","):
             try:
-                lines = profile_one(name, kind or "train", mode, args.top)
+                lines = profile_one(name, kind or "train", mode, args.top, args.memory, args.cprofile)
             except Exception as exc:  # noqa: BLE001 - one failure must not end the run
                 lines = [f"== {name} {kind} {mode}: failed: {type(exc).__name__}: {exc}"]
             print("\n".join(lines), flush=True)

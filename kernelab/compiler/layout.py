@@ -31,6 +31,7 @@ import torch.fx as fx
 from . import fusion
 
 __all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "PAD_N", "MATMULS", "padded_cols", "pads_columns", "Padding", "plan",
+           "copies_as_kernels",
            "PaddedProduct", "WidenedProduct", "padded_copy", "traced_layout", "enabled"]
 
 #: Rows shorter than this stay unpadded (Inductor's ``padding_stride_threshold``): the padding's
@@ -137,6 +138,65 @@ def plan(gm: fx.GraphModule, part, returned: set) -> Padding:
             if source is not None:
                 widen[node] = rows[source]
     return Padding(rows, {n for n in returned if _reaches(n, rows)}, widen, copies)
+
+
+def copies_as_kernels(gm: fx.GraphModule) -> int:
+    """Before partitioning: the two copies padding needs, as ``clone`` nodes that a generated kernel
+    computes (ATen's strided copy of unaligned rows ran at about 1.6 TB/s on the H200: two of them
+    1.9 ms of GPT-2's training step, ``results/zoo_profile_gpt2_llama_train_memory_h200.txt``):
+
+    * an input with long unaligned rows that a product reads (the gradient of the logits that the
+      loss's graph computed) is cloned for the products: the clone is written padded (a generated
+      kernel's value a product reads), instead of ``padded_copy`` at the graph's start;
+    * a returned product (or a view of one) that will be padded is returned as a clone: the product
+      writes padded rows, the clone the traced layout, instead of ``traced_layout`` at the end.
+
+    Where the plan then pads nothing (a view the padded layout cannot express), the clone is one
+    copy; the runtime copies remain for anything these miss. Returns how many clones were made."""
+    count = 0
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in placeholders:
+        stride = _candidate(node)
+        if stride is None or _rows(node) < PAD_N_MIN_ROWS or not _read_by_matmul(node) or not _views_hold(node, stride):
+            continue
+        with gm.graph.inserting_after(placeholders[-1]):
+            clone = _clone(gm, node)
+        if clone is not None:
+            node.replace_all_uses_with(clone, delete_user_cb=lambda u: u is not clone)
+            count += 1
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    returned = {a for a in output.all_input_nodes if _returns_padded_product(a)}
+    for node in returned:
+        with gm.graph.inserting_before(output):
+            clone = _clone(gm, node)
+        if clone is not None:
+            output.replace_input_with(node, clone)
+            count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+def _returns_padded_product(node: fx.Node) -> bool:
+    """``node`` is a product the plan will pad (an ATen mm with long unaligned rows whose views all
+    exist on the padded layout), or a view chain of one."""
+    while fusion.target_name(node) in _VIEWS and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    if fusion.target_name(node) not in MATMULS:
+        return False
+    stride = _candidate(node)
+    return stride is not None and _views_hold(node, stride)
+
+
+def _clone(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+    """A contiguous ``clone`` of ``node`` at the graph's insertion point, with its fake value."""
+    val = fusion.value(node)
+    if not hasattr(val, "fake_mode"):
+        return None
+    clone = gm.graph.call_function(torch.ops.aten.clone.default, (node,), {"memory_format": torch.contiguous_format})
+    with val.fake_mode:
+        clone.meta["val"] = torch.ops.aten.clone.default(val, memory_format=torch.contiguous_format)
+    return clone
 
 
 def _rows(node) -> int:

@@ -20,6 +20,7 @@ values, or a gather from them, is left alone.
 """
 from __future__ import annotations
 
+import itertools
 import operator
 
 import torch
@@ -29,16 +30,18 @@ from . import fusion
 
 __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
-           "aranges_as_constants", "rewrite"]
+           "aranges_as_constants", "index_puts_in_place", "small_sums_as_adds", "rewrite"]
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return (fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm) + extremes_without_indices(gm)
+    return (fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm) + small_sums_as_adds(gm)
+            + extremes_without_indices(gm)
             + full_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
-            + casts_through_views(gm) + unsqueezes_toward_inputs(gm))
+            + casts_through_views(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm))
 
 
 #: the largest arange made a constant of the graph (elements): position ids, column indices
@@ -412,6 +415,87 @@ def _swap(gm, view, view_args, cast) -> bool:
         return False
     view.replace_all_uses_with(b.op(cast.target, moved, *cast.args[1:], **cast.kwargs))
     return True
+
+
+#: a sum over inner dims of at most this many elements becomes that many adds
+SMALL_SUM_MAX = 16
+
+
+def small_sums_as_adds(gm: fx.GraphModule) -> int:
+    """``sum(x, dims)`` over dims that are neither the last nor all the leading ones, of at most
+    ``SMALL_SUM_MAX`` elements in all -> the sum of the ``select`` views, accumulated in float32
+    (as ATen's reduction accumulates 16-bit values). The backward of grouped-query attention's
+    ``repeat_kv`` (an expand of the key and value heads) is such a sum over the group dim (4 in
+    Llama-3.2-1B and Mixtral): no template generates it, so it ran as an ATen reduction, and the
+    gradient's next op (RoPE's backward, an add) as a kernel of its own. As adds of strided views,
+    it joins the pointwise kernel of what follows."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.sum.dim_IntList:
+            continue
+        plan = _small_sum(node)
+        if plan is None:
+            continue
+        src, dims, keepdim = plan
+        val = fusion.value(node)
+        b = _Builder(gm, node, val)
+        acc_dtype = torch.float64 if val.dtype == torch.float64 else torch.float32
+        total = None
+        for index in itertools.product(*(range(fusion.value(src).shape[d]) for d in dims)):
+            piece = src
+            for d, i in sorted(zip(dims, index), reverse=True):  # highest dim first: lower dims keep their number
+                piece = b.op(aten.select.int, piece, d, i)
+            piece = b.op(prims.convert_element_type.default, piece, acc_dtype)
+            total = piece if total is None else b.op(aten.add.Tensor, total, piece)
+        total = b.op(prims.convert_element_type.default, total, val.dtype)
+        if keepdim:
+            for d in sorted(dims):
+                total = b.op(aten.unsqueeze.default, total, d)
+        node.replace_all_uses_with(total)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _small_sum(node) -> tuple | None:
+    """(source, reduced dims >= 0, keepdim) of a float sum over a few inner elements, else None."""
+    args = fusion.bound_args(node)
+    src, dims, keepdim = args.get("self"), args.get("dim"), bool(args.get("keepdim", False))
+    val, sval = fusion.value(node), fusion.value(src) if isinstance(src, fx.Node) else None
+    if args.get("dtype") is not None or not isinstance(sval, torch.Tensor) or not isinstance(val, torch.Tensor):
+        return None
+    if not (hasattr(val, "fake_mode") and val.is_floating_point() and val.dtype == sval.dtype):
+        return None
+    rank = sval.dim()
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    dims = sorted({d % rank for d in dims}) if rank else []
+    if not dims or len(dims) == rank or dims == [rank - 1] or dims == list(range(rank - 1)) \
+            or not fusion.static_shape(sval):
+        return None  # a row or column reduction (the templates generate those), or every dim
+    elements = 1
+    for d in dims:
+        elements *= sval.shape[d]
+    return (src, dims, keepdim) if 1 <= elements <= SMALL_SUM_MAX else None
+
+
+def index_puts_in_place(gm: fx.GraphModule) -> int:
+    """``index_put(full(...), idx, v, acc)`` -> ``index_put_(full(...), idx, v, acc)`` when the fill
+    has no other reader. The functional op copies its base before writing into it: an embedding's
+    backward (``embedding_dense_backward``, decomposed) filled a (vocab, hidden) float32 buffer with
+    zeros, copied it whole (a ``memcpy DtoD``: 1 GB and 0.5 ms at Llama's 128256 x 2048 on the
+    H200), then accumulated the rows. The fill is made afresh on every call (``lookup``), so
+    writing into it is invisible to anything else."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not aten.index_put.default:
+            continue
+        base = node.args[0]
+        if not (fusion.is_constant(base) and len(base.users) == 1):
+            continue
+        node.target = aten.index_put_.default
+        count += 1
+    if count:
+        gm.recompile()
+    return count
 
 
 def _cleanup(gm, count: int) -> int:
