@@ -34,7 +34,14 @@ def _step(zm, model, inputs, kind):
 
 
 def _frame_of(frames: list[dict]) -> str:
-    """The innermost frame outside torch's own files: the line of the model, runner or output code."""
+    """Where an allocation was made: the statement of kernelab's runner that made it, else the
+    innermost frame outside torch's own files (the model's line, or Inductor's output code)."""
+    import linecache
+
+    for f in frames:  # in kernelab's runner: its statement, which names the group or ATen op
+        name = f.get("filename", "")
+        if name.startswith("<kernelab runner"):
+            return f"runner:{f.get('line')} {linecache.getline(name, f.get('line', 0)).strip()[:90]}"
     for f in frames:
         name = f.get("filename", "")
         if "/torch/" not in name or "_inductor" in name or "torchinductor" in name:
@@ -61,7 +68,8 @@ def _live_at_peak(snapshot: dict, top: int) -> list[str]:
     for size, site in at_peak.values():
         by_site.setdefault(site, []).append(size)
     for site, sizes in sorted(by_site.items(), key=lambda kv: -sum(kv[1]))[:top]:
-        lines.append(f"  {sum(sizes) / 2**30:8.3f} GiB x{len(sizes):<4d} {site[:110]}")
+        biggest = ", ".join(f"{s / 2**20:.0f}" for s in sorted(sizes, reverse=True)[:6])
+        lines.append(f"  {sum(sizes) / 2**30:8.3f} GiB x{len(sizes):<4d} {site[:130]}  [MiB: {biggest}]")
     return lines
 
 

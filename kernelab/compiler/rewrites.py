@@ -477,25 +477,41 @@ def _small_sum(node) -> tuple | None:
     return (src, dims, keepdim) if 1 <= elements <= SMALL_SUM_MAX else None
 
 
+#: factories whose value is made afresh on every call and read by nothing before it is written
+_FRESH_BUFFERS = (aten.empty.memory_format, aten.empty_permuted.default, aten.empty_strided.default,
+                  aten.new_empty.default)
+
+
 def index_puts_in_place(gm: fx.GraphModule) -> int:
-    """``index_put(full(...), idx, v, acc)`` -> ``index_put_(full(...), idx, v, acc)`` when the fill
-    has no other reader. The functional op copies its base before writing into it: an embedding's
-    backward (``embedding_dense_backward``, decomposed) filled a (vocab, hidden) float32 buffer with
-    zeros, copied it whole (a ``memcpy DtoD``: 1 GB and 0.5 ms at Llama's 128256 x 2048 on the
-    H200), then accumulated the rows. The fill is made afresh on every call (``lookup``), so
-    writing into it is invisible to anything else."""
+    """``index_put(fresh, idx, v, acc)`` -> ``index_put_(fresh, idx, v, acc)`` where ``fresh`` is a
+    fill or an uninitialized buffer made on every call. The functional op copies its base before
+    writing into it: an embedding's backward (``embedding_dense_backward``, decomposed) filled a
+    (vocab, hidden) float32 buffer with zeros, copied it whole (a ``memcpy DtoD``: 1 GB and 0.5 ms
+    at Llama's 128256 x 2048 on the H200), then accumulated the rows; Mixtral's routing writes its
+    tokens back the same way. A base that other ops read too is first duplicated (a fill or an
+    allocation, no copy of data), so each ``index_put_`` writes into a buffer of its own."""
     count = 0
-    for node in gm.graph.nodes:
+    for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.index_put.default:
             continue
         base = node.args[0]
-        if not (fusion.is_constant(base) and len(base.users) == 1):
+        if not _fresh_buffer(base):
             continue
+        if len(base.users) > 1:
+            with gm.graph.inserting_before(node):
+                own = gm.graph.node_copy(base)
+            own.meta = dict(base.meta)
+            node.replace_input_with(base, own)
         node.target = aten.index_put_.default
         count += 1
     if count:
         gm.recompile()
     return count
+
+
+def _fresh_buffer(node) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and (
+        fusion.is_constant(node) or node.target in _FRESH_BUFFERS)
 
 
 def _cleanup(gm, count: int) -> int:

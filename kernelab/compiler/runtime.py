@@ -6,6 +6,8 @@ Kernel sources are cached on disk (``kcache.py``); chains of views are replayed 
 """
 from __future__ import annotations
 
+import linecache
+
 from dataclasses import dataclass, field
 
 import torch
@@ -147,7 +149,7 @@ def _straight_line(runner: "GraphRunner"):
                 scalars = ", ".join(names[n] for n in item.group.scalars)
                 outs = "".join(names[n] + ", " for n in item.group.outputs)
                 line = (f"    {outs} = {g}.run_values([{raw}], [{scalars}])" if outs
-                        else f"    {g}.run_values([{raw}], [{scalars}])")
+                        else f"    {g}.run_values([{raw}], [{scalars}])") + f"  # {item.group.name}"
                 reads = [p for n in item.group.nodes for p in n.all_input_nodes]
                 statements.append((line, reads, list(item.group.outputs)))
                 defined.update(item.group.outputs)
@@ -161,7 +163,7 @@ def _straight_line(runner: "GraphRunner"):
                 args = [expr(a) for a in item.args] + [f"{k}={expr(v)}" for k, v in item.kwargs.items()]
                 target = runner.target(item)
                 target = _direct_target(target) if target is item.target else target
-                statements.append((f"    {names[item]} = {bind('t', target)}({', '.join(args)})",
+                statements.append((f"    {names[item]} = {bind('t', target)}({', '.join(args)})  # {item.name}",
                                    list(item.all_input_nodes), [item]))
                 defined.add(item)
         out = runner.output_args
@@ -195,7 +197,10 @@ def _straight_line(runner: "GraphRunner"):
             lines.append(f"    del {', '.join(names[n] for n in gone)}")
     lines.append(ret)
     source = "\n".join(lines) + "\n"
-    exec(compile(source, f"<kernelab runner {id(runner):x}>", "exec"), scope)  # noqa: S102 - our own text
+    filename = f"<kernelab runner {id(runner):x}>"
+    exec(compile(source, filename, "exec"), scope)  # noqa: S102 - our own text
+    # tracebacks, profilers and allocator histories through the runner show its lines
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return source, scope["run"]
 
 
