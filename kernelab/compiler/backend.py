@@ -98,6 +98,10 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, **options):
             gm, example_inputs, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"), decompositions=decompositions(),
             partition_fn=min_cut_rematerialization_partition,
+            # mutations of inputs that need no gradient (batch norm's running statistics) stay in
+            # the graph, where rewrites.batch_norms_in_place makes them the norm's own update,
+            # instead of a copy_ per input in aot_autograd's epilogue
+            keep_inference_input_mutations=True,
         )
     except Exception as exc:  # tracing or partitioning failed: the graph runs as dynamo captured it
         if strict():

@@ -92,6 +92,19 @@ def is_scalar(node) -> bool:
     return isinstance(node, fx.Node) and isinstance(value(node), (torch.SymInt, torch.SymFloat, int, float))
 
 
+def mutated_input(node) -> fx.Node | None:
+    """The graph input ``node`` writes in place (aot_autograd keeps mutations of inputs that need
+    no gradient in the graph: ``copy_(running_mean, new)``), else None."""
+    schema = getattr(getattr(node, "target", None), "_schema", None)
+    if schema is None or not node.args or not schema.arguments:
+        return None
+    alias = schema.arguments[0].alias_info
+    first = node.args[0]
+    if alias is not None and alias.is_write and isinstance(first, fx.Node) and first.op == "placeholder":
+        return first
+    return None
+
+
 def is_constant(node) -> bool:
     """One value everywhere, known when compiling: a factory (scalar_tensor(0.), full(shape, 1.)),
     or a pointwise op of such values (lerp's weight: abs(full(0.3)) >= 0.5). Inlined as a literal."""

@@ -26,11 +26,12 @@ import operator
 import torch
 import torch.fx as fx
 
-from . import fusion
+from . import fusion, ops_table
 
 __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
-           "aranges_as_constants", "index_puts_in_place", "small_sums_as_adds", "rewrite"]
+           "aranges_as_constants", "index_puts_in_place", "small_sums_as_adds", "inputs_in_row_space",
+           "batch_norms_in_place", "rewrite"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -38,10 +39,11 @@ prims = torch.ops.prims
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return (fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm) + small_sums_as_adds(gm)
+    return (batch_norms_in_place(gm) + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm) + small_sums_as_adds(gm)
             + extremes_without_indices(gm)
             + full_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
-            + casts_through_views(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm))
+            + casts_through_views(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
+            + inputs_in_row_space(gm))
 
 
 #: the largest arange made a constant of the graph (elements): position ids, column indices
@@ -415,6 +417,128 @@ def _swap(gm, view, view_args, cast) -> bool:
         return False
     view.replace_all_uses_with(b.op(cast.target, moved, *cast.args[1:], **cast.kwargs))
     return True
+
+
+def batch_norms_in_place(gm: fx.GraphModule) -> int:
+    """Training batch norm's state updates, kept in the graph (``keep_inference_input_mutations``),
+    as ATen's in-place ops:
+
+    * ``_native_batch_norm_legit_functional`` + ``copy_`` of its new running mean and variance into
+      the buffers -> ``_native_batch_norm_legit``, whose kernel updates them (eager's way);
+    * ``copy_(num_batches_tracked, add(num_batches_tracked, 1))`` -> ``add_``.
+
+    aot_autograd otherwise copied each of the three back with a ``memcpy`` after the graph (ResNet's
+    training step launched more kernels than eager: 60 copies for 20 norms, ``count(predict=True)``).
+    Only where the buffers are read by nothing else before the update."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is aten._native_batch_norm_legit_functional.default:
+            count += _norm_in_place(gm, node)
+        elif node.op == "call_function" and node.target is aten.copy_.default:
+            count += _increment_in_place(gm, node)
+    return _cleanup(gm, count)
+
+
+def _norm_in_place(gm: fx.GraphModule, norm: fx.Node) -> int:
+    running = norm.args[3:5]
+    outs = {u.args[1]: u for u in norm.users if u.target is operator.getitem}
+    copies = []
+    for k, buf in zip((3, 4), running):
+        got = outs.get(k)
+        if not (isinstance(buf, fx.Node) and buf.op == "placeholder" and got is not None):
+            return 0
+        copy = [u for u in got.users if u.target is aten.copy_.default and u.args[0] is buf]
+        # the buffer read by the norm and its update only; the new value returned or updated only
+        if len(copy) != 1 or set(buf.users) != {norm, copy[0]} or \
+                any(u is not copy[0] and u.op != "output" for u in got.users):
+            return 0
+        copies.append((got, copy[0], buf))
+    with gm.graph.inserting_before(norm):
+        new = gm.graph.call_function(aten._native_batch_norm_legit.default, norm.args, norm.kwargs)
+    new.meta["val"] = tuple(norm.meta["val"][:3])
+    for k in (0, 1, 2):
+        if k in outs:
+            outs[k].args = (new, k)
+    for got, copy, buf in copies:
+        gm.graph.erase_node(copy)
+        got.replace_all_uses_with(buf)  # the returned new value is the updated buffer
+        gm.graph.erase_node(got)
+    gm.graph.erase_node(norm)
+    return 1
+
+
+def _increment_in_place(gm: fx.GraphModule, copy: fx.Node) -> int:
+    buf, value = copy.args[0], copy.args[1]
+    if not (isinstance(buf, fx.Node) and buf.op == "placeholder" and isinstance(value, fx.Node)
+            and value.op == "call_function" and value.target is aten.add.Tensor and value.args[0] is buf
+            and len(value.args) == 2 and isinstance(value.args[1], (int, float)) and not value.kwargs):
+        return 0
+    if set(buf.users) != {value, copy} or set(value.users) != {copy} or copy.users:
+        return 0
+    with gm.graph.inserting_before(copy):
+        new = gm.graph.call_function(aten.add_.Tensor, (buf, value.args[1]))
+    new.meta["val"] = value.meta.get("val")
+    gm.graph.erase_node(copy)
+    gm.graph.erase_node(value)
+    return 1
+
+
+#: elementwise ops of two tensors whose operands may be regrouped (``inputs_in_row_space``)
+_BINARY_POINTWISE = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor)
+_REGROUPING_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def inputs_in_row_space(gm: fx.GraphModule) -> int:
+    """``op(input, view(x))`` -> ``view(op(view(input), x))`` where the view only regroups the
+    leading dims of a computed ``x`` (the last dim kept) and ``input`` is a graph input: the op
+    then runs in ``x``'s own shape and joins the kernel that computes ``x``. A causal LM's
+    backward adds the tangent of the returned (batch, tokens, vocab) logits to the loss's
+    gradient, computed as (tokens, vocab) rows: the add ran as a kernel of its own (at Llama's
+    8192 x 128256, 6 GB moved and one more logits-sized buffer at the step's memory peak,
+    ``results/zoo_profile_llama_train_memory_h200.txt``); in row space it is the cross-entropy
+    backward kernel's epilogue."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        regroup = _row_regrouping(node)
+        if regroup is None:
+            continue
+        inp, view, position = regroup
+        x = view.args[0]
+        b = _Builder(gm, node, fusion.value(node))
+        try:
+            flat = b.op(aten.view.default, inp, list(fusion.dims(x)))
+            args = [flat, x] if position == 0 else [x, flat]
+            inner = b.op(node.target, *args, *node.args[2:], **node.kwargs)
+            new = b.op(aten.view.default, inner, list(fusion.dims(node)))
+        except Exception:  # noqa: BLE001 - the input's layout does not take the view: leave it
+            continue
+        node.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _row_regrouping(node) -> tuple | None:
+    """(graph input, the view, the input's argument position) when ``node`` is a binary
+    pointwise op of a graph input and a leading-dims regrouping view of a computed tensor of the
+    same dtype, both of ``node``'s full shape."""
+    if node.op != "call_function" or node.target not in _BINARY_POINTWISE or len(node.args) < 2:
+        return None
+    val = fusion.value(node)
+    if not (isinstance(val, torch.Tensor) and hasattr(val, "fake_mode") and fusion.static_shape(val)):
+        return None
+    for position in (0, 1):
+        inp, view = node.args[position], node.args[1 - position]
+        if not (isinstance(inp, fx.Node) and inp.op == "placeholder" and isinstance(view, fx.Node)
+                and view.op == "call_function" and view.target in _REGROUPING_VIEWS):
+            continue
+        x = view.args[0]
+        if not (isinstance(x, fx.Node) and x.op == "call_function" and fusion.target_name(x) not in ops_table.VIEWS):
+            continue
+        shape, src, ishape = fusion.dims(node), fusion.dims(x), fusion.dims(inp)
+        if (ishape == shape == fusion.dims(view) and len(src) < len(shape) and src[-1:] == shape[-1:]
+                and fusion.value(inp).dtype == fusion.value(x).dtype == val.dtype):
+            return inp, view, position
+    return None
 
 
 #: a sum over inner dims of at most this many elements becomes that many adds

@@ -233,6 +233,9 @@ def _schedule(gm, part, runners) -> list:
             for p in n.all_input_nodes:
                 if p in unit_of and unit_of[p] != u:
                     deps[u].add(unit_of[p])
+            mutated = fusion.mutated_input(n)
+            if mutated is not None:  # an input written in place: after everything else that reads it
+                deps[u].update(unit_of[r] for r in mutated.users if r in unit_of and unit_of[r] != u)
     order, done = [], set()
     while len(order) < len(units):
         progressed = False

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import kernelab.compiler as klc
+from kernelab.compiler import fusion
 from tests.compiler.conftest import assert_close
 
 
@@ -544,3 +545,63 @@ def test_index_puts_sharing_one_fill_each_write_their_own():
         assert_close(compiled(v1, v2), two_scatters(v1, v2), what="two index_puts into one fill")
     names = [k.name for k in klc.plan_kernels(two_scatters, (v1, v2))]
     assert names.count("index_put_") == 2 and not any("memcpy" in n for n in names), names
+
+
+def _head_and_loss(h, w, target):
+    """A causal LM's head as Hugging Face writes it: (batch, tokens, vocab) logits returned, the
+    loss computed on their (tokens, vocab) view."""
+    logits = (h @ w.t()).view(2, h.shape[0] // 2, w.shape[0])
+    return F.cross_entropy(logits.view(-1, w.shape[0]), target), logits
+
+
+def test_gradient_of_returned_logits_joins_the_loss_backward_kernel(monkeypatch):
+    """The returned logits' tangent is added to the loss's gradient in the (tokens, vocab) rows the
+    cross-entropy backward computes (``rewrites.inputs_in_row_space``): no add kernel of its own,
+    one logits-sized buffer fewer, and the same gradients as eager."""
+    from kernelab.compiler import graph
+
+    parts, partition = [], graph.partition
+    monkeypatch.setattr(graph, "partition", lambda gm: parts.append(partition(gm)) or parts[-1])
+    h, w = _r(16, 8, grad=True), _r(40, 8, seed=1, grad=True)
+    target = torch.randint(0, 40, (16,), generator=torch.Generator().manual_seed(2))
+    g = _r(2, 8, 40, seed=3)
+    results = []
+    for f in (_head_and_loss, torch.compile(_head_and_loss, backend="kernelab")):
+        loss, logits = f(h, w, target)
+        results.append(torch.autograd.grad(loss + (logits * g).sum(), (h, w)))
+    for a, e, what in zip(results[1], results[0], ("hidden gradient", "weight gradient")):
+        assert_close(a, e, what=what)
+    backward = parts[-1].groups
+    assert not any(gp.name == "kl_fused_add" for gp in backward), [gp.name for gp in backward]
+    assert any(gp.kind == "reduction" and fusion.short_name(gp.nodes[-1]) == "add" for gp in backward), \
+        [(gp.kind, gp.name) for gp in backward]
+
+
+def test_batch_norm_updates_its_statistics_in_place():
+    """Training batch norm: its running mean, variance and step count are updated by the norm's
+    own kernel and one in-place add (``rewrites.batch_norms_in_place``), not copied back after the
+    graph: the plan has no memcpy, and after two steps the buffers, output and gradients equal eager's."""
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                   torch.nn.Conv2d(4, 4, 1), torch.nn.BatchNorm2d(4))
+
+    x = _r(2, 3, 8, 8)
+    ref, mine = make(), make()
+    compiled = torch.compile(mine, backend="kernelab")
+    for step in range(2):
+        xs = x * (step + 1)
+        for model, f in ((ref, ref), (mine, compiled)):
+            model.zero_grad()
+            f(xs).square().mean().backward()
+    for (name, a), (_, e) in zip(mine.state_dict().items(), ref.state_dict().items()):
+        assert_close(a.double(), e.double(), what=name)
+    for (name, a), (_, e) in zip(mine.named_parameters(), ref.named_parameters()):
+        assert_close(a.grad, e.grad, what=f"{name}.grad")
+
+    def step(x):
+        mine.zero_grad(set_to_none=True)  # no gradient accumulation (its own add_ kernels)
+        mine(x).square().mean().backward()
+
+    names = [k.name for k in klc.plan_kernels(step, (x,))]
+    assert not any("memcpy" in n for n in names) and names.count("add_") == 2, names
