@@ -247,6 +247,10 @@ def _break_cycles(gm: fx.GraphModule, state: _State) -> None:
             return
         victim = _best_victim(gm, state.group_of, groups)
         others = ", ".join(g.name for g in groups if g is not victim)
+        late = _after_outside_paths(victim, state.group_of)
+        if victim.kind == "pointwise" and 0 < len(late) < len(victim.nodes):
+            _split(state, victim, late, others)
+            continue
         for n in victim.nodes:
             del state.group_of[n]
             state.eager[n] = f"its group {victim.name} would run in a cycle with {others} through ATen ops"
@@ -255,6 +259,47 @@ def _break_cycles(gm: fx.GraphModule, state: _State) -> None:
         state.groups.remove(victim)
         for i, g in enumerate(state.groups):
             g.gid = i
+
+
+def _after_outside_paths(group: Group, group_of: dict) -> list:
+    """The members that depend on another member through a path leaving the group (through an
+    ATen op or another kernel): they must run in a later kernel than the members they depend on.
+    Another group runs as one kernel: reaching any of its members reaches all of its results."""
+    members = set(group.nodes)
+    stack = [u for n in group.nodes for u in n.users if u not in members]
+    seen, seen_groups, late = set(), set(), set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in members:
+            late.add(n)
+        other = group_of.get(n)
+        if other is not None and other is not group and id(other) not in seen_groups:
+            seen_groups.add(id(other))
+            stack.extend(m for m in other.nodes if m not in seen)
+        stack.extend(n.users)
+    return [n for n in group.nodes if n in late]
+
+
+def _split(state: _State, group: Group, late: list, others: str) -> None:
+    """A pointwise group on a cycle split in two: the members that depend on the group through
+    outside paths move to a new group, which runs after them (a pointwise kernel's subset is a
+    pointwise kernel). In EfficientNet's backward a squeeze-and-excitation gate's sigmoid and its
+    gradient shared a kernel, with the gate's gradient computed in between from the sigmoid: the
+    whole group used to dissolve into ATen ops."""
+    moved = set(late)
+    after = Group(len(state.groups), "pointwise", group.shape)
+    for n in late:
+        after.nodes.append(n)
+        after.roles[n] = group.roles[n]
+        state.group_of[n] = after
+    group.nodes = [n for n in group.nodes if n not in moved]
+    group.roles = {n: r for n, r in group.roles.items() if n not in moved}
+    state.groups.append(after)
+    state.refusals.append((late[0].name, f"group {group.name} split in two: {after.name} depends on it through "
+                                         f"{others}"))
 
 
 def _best_victim(gm: fx.GraphModule, group_of: dict, groups: list) -> Group:

@@ -620,6 +620,8 @@ def _as_rows(t: torch.Tensor, load, group, shape) -> torch.Tensor:
     if load.role == "full":
         return t.expand(shape)
     if fusion.constant_along_rows(load.node):  # a scalar or size 1 in the last dim
+        if t.dim() > len(shape):  # size-1 dims beyond the rows: an (N, C, 1, 1) gate, (N, C, H*W) rows
+            t = t.reshape([]) if t.numel() == 1 else t.reshape(list(shape[:-1]) + [1])
         return t.expand(list(shape[:-1]) + [1]).expand(shape)
     users = [n for n in group.nodes if load.node in n.all_input_nodes and group.roles[n] == "row"]
     node_shape = _row_shape(fusion.value(users[0]), shape) if users else list(shape[:-1]) + [1]

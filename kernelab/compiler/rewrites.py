@@ -30,7 +30,7 @@ from . import fusion, ops_table
 
 __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
-           "aranges_as_constants", "index_puts_in_place", "small_sums_as_adds", "inputs_in_row_space",
+           "aranges_as_constants", "index_puts_in_place", "small_sums_as_adds", "inputs_in_row_space", "trailing_reductions_as_rows",
            "batch_norms_in_place", "rewrite"]
 
 aten = torch.ops.aten
@@ -39,9 +39,9 @@ prims = torch.ops.prims
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return (batch_norms_in_place(gm) + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm) + small_sums_as_adds(gm)
-            + extremes_without_indices(gm)
-            + full_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
+    return (batch_norms_in_place(gm) + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm)
+            + small_sums_as_adds(gm) + extremes_without_indices(gm) + full_reductions_as_rows(gm)
+            + trailing_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
             + casts_through_views(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
             + inputs_in_row_space(gm))
 
@@ -132,6 +132,59 @@ def full_reductions_as_rows(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(new)
         count += 1
     return _cleanup(gm, count)
+
+
+#: reductions over the trailing dims restated over one flat last dim (``trailing_reductions_as_rows``)
+_TRAILING = (aten.sum.dim_IntList, aten.mean.dim)
+
+
+def trailing_reductions_as_rows(gm: fx.GraphModule) -> int:
+    """``sum``/``mean`` of a float tensor over its last k >= 2 dims (and not all of them) -> the
+    same reduction over the last dim of a view with those dims flattened into one, viewed back:
+    a global average pool (``x.mean((2, 3), keepdim=True)``: squeeze-and-excitation blocks, a
+    CNN's head) and its backward's ``sum`` over (H, W). No template generated them: they ran as
+    ATen reductions, and in EfficientNet's backward the kernels around them split into cycles
+    that dissolved into ATen ops. Only where the trailing dims are contiguous (the flat view keeps
+    every value in place) and the shape is static."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _TRAILING:
+            continue
+        flat_shape = _trailing_rows(node)
+        if flat_shape is None:
+            continue
+        val = fusion.value(node)
+        b = _Builder(gm, node, val)
+        extra = {"dtype": node.kwargs["dtype"]} if node.kwargs.get("dtype") is not None else {}
+        try:
+            flat = b.op(aten.view.default, node.args[0], flat_shape)
+            new = b.op(node.target, flat, [-1], False, **extra)
+            new = b.op(aten.view.default, new, list(val.shape))
+        except Exception:  # noqa: BLE001 - the view does not exist on this layout: leave it
+            continue
+        node.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _trailing_rows(node) -> list | None:
+    """The flat shape (leading dims, product of the reduced trailing dims) when ``node`` reduces
+    a static float tensor over its last k >= 2 (not all) dims that are contiguous, else None."""
+    src = fusion.value(node.args[0]) if isinstance(node.args[0], fx.Node) else None
+    if not (isinstance(src, torch.Tensor) and hasattr(src, "fake_mode") and src.is_floating_point()
+            and fusion.static_shape(src) and src.numel() > 0):
+        return None
+    rank = src.dim()
+    reduced = sorted({d % rank for d in _dims(node)}) if rank else []
+    k = len(reduced)
+    if k < 2 or k >= rank or reduced != list(range(rank - k, rank)):
+        return None
+    expected = 1
+    for d in range(rank - 1, rank - k - 1, -1):  # the trailing block is row-major and dense
+        if src.shape[d] != 1 and src.stride(d) != expected:
+            return None
+        expected *= src.shape[d]
+    return list(src.shape[:rank - k]) + [expected]
 
 
 def _over_every_dim(node) -> bool:

@@ -605,3 +605,27 @@ def test_batch_norm_updates_its_statistics_in_place():
 
     names = [k.name for k in klc.plan_kernels(step, (x,))]
     assert not any("memcpy" in n for n in names) and names.count("add_") == 2, names
+
+
+def _squeeze_excite(x, w1, w2):
+    """A squeeze-and-excitation block (EfficientNet, MobileNetV3): a gate from the global average."""
+    gate = torch.sigmoid(F.conv2d(F.silu(F.conv2d(x.mean((2, 3), keepdim=True), w1)), w2))
+    return F.silu(x * gate)
+
+
+def test_squeeze_excite_backward_plans_without_dissolving_kernels():
+    """The gate's sigmoid and its gradient (computed from the sigmoid through the gate's products)
+    fell into one pointwise group, which would depend on itself through another kernel: the whole
+    group ran as ATen ops. It is now split in two (``graph._split``), and the global average is a
+    row reduction over the flattened (H, W) (``rewrites.trailing_reductions_as_rows``)."""
+    x, w1, w2 = _r(2, 8, 5, 5, grad=True), _r(4, 8, 1, 1, seed=1, grad=True), _r(8, 4, 1, 1, seed=2, grad=True)
+    expected = torch.autograd.grad(_squeeze_excite(x, w1, w2).square().sum(), (x, w1, w2))
+    compiled = torch.compile(_squeeze_excite, backend="kernelab")
+    actual = torch.autograd.grad(compiled(x, w1, w2).square().sum(), (x, w1, w2))
+    for a, e, what in zip(actual, expected, ("x", "w1", "w2")):
+        assert_close(a, e, what=f"gradient of {what}")
+    plan = klc.explain(lambda *a: torch.autograd.grad(_squeeze_excite(*a).square().sum(), a), x, w1, w2)
+    refusals = [why for g in plan.graphs for _, why in g.refusals]
+    assert not any("dissolved" in why for why in refusals), refusals
+    eager = [op for g in plan.graphs for _, op, _ in g.eager]
+    assert not any(op in ("aten.mean.dim", "aten.sum.dim_IntList", "aten.sigmoid.default") for op in eager), eager
