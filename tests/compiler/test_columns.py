@@ -96,9 +96,8 @@ def test_refusals_give_reasons(target, dtype, why):
     assert fusion.classify(node) == ("eager", why)
 
 
-def test_prologue_shared_with_another_kernel_is_copied():
-    """Layer norm's backward: x-hat feeds the row kernel (dx) and the weight gradient, so the
-    column kernel recomputes it from its own copy; nothing full-size is written between them."""
+def _backward_partition(fn, args):
+    """The partition of ``fn``'s backward graph, as planned for the kernelab backend."""
     captured = []
 
     def backend(gm, example_inputs):
@@ -113,9 +112,17 @@ def test_prologue_shared_with_another_kernel_is_copied():
         return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward), bw_compiler=bw,
                             decompositions=decompositions())(gm, example_inputs)
 
-    x, w, b = (randn(16, 40) + 1).requires_grad_(), randn(40).requires_grad_(), randn(40).requires_grad_()
-    torch.compile(layer_norm, backend=backend)(x, w, b).sum().backward()
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend)(*args).sum().backward()
     (part,) = captured
+    return part
+
+
+def test_prologue_shared_with_another_kernel_is_copied():
+    """Layer norm's backward: x-hat feeds the row kernel (dx) and the weight gradient, so the
+    column kernel recomputes it from its own copy; nothing full-size is written between them."""
+    x, w, b = (randn(16, 40) + 1).requires_grad_(), randn(40).requires_grad_(), randn(40).requires_grad_()
+    part = _backward_partition(layer_norm, (x, w, b))
     kinds = sorted(g.kind for g in part.groups)
     assert kinds == ["column", "reduction"], [(g.kind, g.name) for g in part.groups]
     column = next(g for g in part.groups if g.kind == "column")
@@ -171,28 +178,6 @@ def two_layer_norms(x1, w1, b1, x2, w2, b2):
     return torch.stack([layer_norm(x1, w1, b1).sin().sum(), layer_norm(x2, w2, b2).cos().sum()])
 
 
-def _column_groups(fn, args) -> list:
-    """The column groups of ``fn``'s backward graph, as partitioned for the kernelab backend."""
-    captured = []
-
-    def backend(gm, example_inputs):
-        from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
-
-        from kernelab.compiler.backend import decompositions
-
-        def bw(g, _):
-            captured.append(graph.partition(g))
-            return make_boxed_func(g.forward)
-        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward), bw_compiler=bw,
-                            decompositions=decompositions())(gm, example_inputs)
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=backend)(*args).sum().backward()
-    (part,) = captured
-    return [g for g in part.groups if g.kind == "column"]
-
-
 def test_column_sums_that_share_no_input_get_kernels_of_their_own():
     """Two layer norms whose gradients arrive separately: each norm's weight and bias sums share
     dy and one kernel; the two norms do not share one (GPT-2's 25 norms in one kernel ran at 6 GB/s
@@ -200,7 +185,7 @@ def test_column_sums_that_share_no_input_get_kernels_of_their_own():
     args = [randn(32, 24) + 1, 1 + randn(24, seed=1) * 0.1, randn(24, seed=2),
             randn(32, 24, seed=3), 1 + randn(24, seed=4) * 0.1, randn(24, seed=5)]
     leaves = [a.clone().requires_grad_() for a in args]
-    columns = _column_groups(two_layer_norms, leaves)
+    columns = [g for g in _backward_partition(two_layer_norms, leaves).groups if g.kind == "column"]
     sums = sorted(sum(1 for n in g.nodes if fusion.is_column_reduction(n)) for g in columns)
     assert sums == [2, 2], [(g.name, [n.name for n in g.nodes]) for g in columns]
     _check(two_layer_norms, args)
