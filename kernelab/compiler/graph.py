@@ -248,7 +248,7 @@ def _break_cycles(gm: fx.GraphModule, state: _State) -> None:
         victim = _best_victim(gm, state.group_of, groups)
         others = ", ".join(g.name for g in groups if g is not victim)
         late = _after_outside_paths(victim, state.group_of)
-        if victim.kind == "pointwise" and 0 < len(late) < len(victim.nodes):
+        if 0 < len(late) < len(victim.nodes) and _splittable(victim, late):
             _split(state, victim, late, others)
             continue
         for n in victim.nodes:
@@ -283,12 +283,22 @@ def _after_outside_paths(group: Group, group_of: dict) -> list:
     return [n for n in group.nodes if n in late]
 
 
+def _splittable(group: Group, late: list) -> bool:
+    """Whether ``late`` can leave ``group`` as a pointwise kernel of its own: any part of a
+    pointwise group; of a row reduction, full-size pointwise members only (its reductions and
+    per-row values stay, with everything they read)."""
+    if group.kind == "pointwise":
+        return True
+    return group.kind == "reduction" and all(group.roles[n] == "full" and not fusion.is_reduction(n) for n in late)
+
+
 def _split(state: _State, group: Group, late: list, others: str) -> None:
-    """A pointwise group on a cycle split in two: the members that depend on the group through
-    outside paths move to a new group, which runs after them (a pointwise kernel's subset is a
-    pointwise kernel). In EfficientNet's backward a squeeze-and-excitation gate's sigmoid and its
-    gradient shared a kernel, with the gate's gradient computed in between from the sigmoid: the
-    whole group used to dissolve into ATen ops."""
+    """A group on a cycle split in two: the members that depend on the group through outside
+    paths move to a new pointwise group, which runs after the rest (``_splittable``). In
+    EfficientNet's backward a squeeze-and-excitation gate's sigmoid and its gradient shared a
+    kernel, with the gate's gradient computed in between from the sigmoid; in Mixtral's, a row
+    kernel summed the routing weights' gradient and scaled the experts' gradient by the routing
+    weights, which are computed from that sum. Both groups used to dissolve into ATen ops."""
     moved = set(late)
     after = Group(len(state.groups), "pointwise", group.shape)
     for n in late:

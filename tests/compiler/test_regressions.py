@@ -629,3 +629,22 @@ def test_squeeze_excite_backward_plans_without_dissolving_kernels():
     assert not any("dissolved" in why for why in refusals), refusals
     eager = [op for g in plan.graphs for _, op, _ in g.eager]
     assert not any(op in ("aten.mean.dim", "aten.sum.dim_IntList", "aten.sigmoid.default") for op in eager), eager
+
+
+def test_mixtral_backward_keeps_every_group():
+    """Mixtral's backward: a row kernel summed the routing weights' gradient and scaled the
+    experts' gradient by routing weights computed from that sum (through ATen's index_put), a
+    cycle; the scaling now leaves as a pointwise kernel of its own (``graph._split``) where the
+    whole group used to dissolve into ATen ops. (Its values: ``test_zoo.py``.)"""
+    from kernelab.zoo import ZOO
+
+    zm = ZOO["mixtral"]
+    model, inputs = zm.build("tiny")
+
+    def step(model, inputs):
+        zm.loss(model, inputs).backward()
+
+    plan = klc.explain(step, model, inputs)
+    refusals = [why for g in plan.graphs for _, why in g.refusals]
+    assert not any("dissolved" in why for why in refusals), [w for w in refusals if "dissolved" in w]
+    assert any("split in two" in why for why in refusals), refusals
