@@ -31,6 +31,7 @@ from . import fusion, ops_table
 __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "small_sums_as_adds", "inputs_in_row_space", "trailing_reductions_as_rows",
+           "conv_biases_as_adds",
            "batch_norms_in_place", "rewrite"]
 
 aten = torch.ops.aten
@@ -43,7 +44,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + full_reductions_as_rows(gm)
             + trailing_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
             + casts_through_views(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
-            + inputs_in_row_space(gm))
+            + inputs_in_row_space(gm) + conv_biases_as_adds(gm))
 
 
 #: the largest arange made a constant of the graph (elements): position ids, column indices
@@ -132,6 +133,43 @@ def full_reductions_as_rows(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(new)
         count += 1
     return _cleanup(gm, count)
+
+
+def conv_biases_as_adds(gm: fx.GraphModule) -> int:
+    """``convolution(x, w, b, ...)`` -> ``convolution(x, w, None, ...) + b.view(1, C, 1, ...)``: ATen
+    adds a convolution's bias in a kernel of its own after most of its algorithms (the 1x1
+    convolutions run as GEMMs, the depthwise ones; ``count`` predicts an "add bias" kernel for
+    them), where as an add it joins the generated kernel of what follows (ConvNeXt's 1x1 MLP: the
+    GELU, the layer scale and the residual add). Only where every reader is such a kernel (else
+    the add would be one more kernel). The backward graph is traced already: its
+    ``convolution_backward`` still computes the bias gradient."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.convolution.default or len(node.args) < 9:
+            continue
+        bias = node.args[2]
+        val = fusion.value(node)
+        if not (isinstance(bias, fx.Node) and isinstance(val, torch.Tensor) and hasattr(val, "fake_mode")
+                and val.dim() >= 3 and fusion.value(bias).dtype == val.dtype and _read_by_kernels(node)):
+            continue
+        b = _Builder(gm, node, val)
+        try:
+            conv = b.op(aten.convolution.default, node.args[0], node.args[1], None, *node.args[3:])
+            shaped = b.op(aten.view.default, bias, [1, val.shape[1]] + [1] * (val.dim() - 2))
+            new = b.op(aten.add.Tensor, conv, shaped)
+        except Exception:  # noqa: BLE001 - shapes this restatement does not cover: leave it
+            continue
+        node.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _read_by_kernels(node) -> bool:
+    """Every reader of ``node`` is an op a generated kernel computes (the add would join it) or the
+    graph's output (a value saved for the backward): no view that moves values (ConvNeXt's permute
+    before its layer norm), no ATen op."""
+    kernels = [u for u in node.users if u.op == "call_function" and fusion.classify(u)[0] in ("pointwise", "reduction")]
+    return bool(kernels) and all(u in kernels or u.op == "output" for u in node.users)
 
 
 #: reductions over the trailing dims restated over one flat last dim (``trailing_reductions_as_rows``)

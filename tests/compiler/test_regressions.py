@@ -648,3 +648,24 @@ def test_mixtral_backward_keeps_every_group():
     refusals = [why for g in plan.graphs for _, why in g.refusals]
     assert not any("dissolved" in why for why in refusals), [w for w in refusals if "dissolved" in w]
     assert any("split in two" in why for why in refusals), refusals
+
+
+def _conv_mlp(x, w1, b1, w2, b2):
+    """ConvNeXt's MLP as 1x1 convolutions with biases, its GELU and the residual add."""
+    return x + F.conv2d(F.gelu(F.conv2d(x, w1, b1)), w2, b2)
+
+
+def test_convolution_bias_joins_the_next_kernel():
+    """ATen adds a 1x1 convolution's bias in a kernel of its own; as an add
+    (``rewrites.conv_biases_as_adds``) it joins the GELU's and the residual's kernels: no "add bias"
+    kernel is left, and values and every gradient (the bias's from convolution_backward) equal eager's."""
+    args = [_r(2, 8, 5, 5), _r(16, 8, 1, 1, seed=1), _r(16, seed=2), _r(8, 16, 1, 1, seed=3), _r(8, seed=4)]
+    leaves = [a.clone().requires_grad_() for a in args]
+    expected = torch.autograd.grad(_conv_mlp(*leaves).square().sum(), leaves)
+    actual = torch.autograd.grad(torch.compile(_conv_mlp, backend="kernelab")(*leaves).square().sum(), leaves)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert_close(a, e, what=f"gradient {i}")
+    with torch.no_grad():
+        assert_close(torch.compile(_conv_mlp, backend="kernelab")(*args), _conv_mlp(*args), what="inference")
+        names = [k.name for k in klc.plan_kernels(_conv_mlp, tuple(args))]
+    assert "add bias" not in names, names
