@@ -31,7 +31,7 @@ from . import fusion, ops_table
 __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "small_sums_as_adds", "inputs_in_row_space", "trailing_reductions_as_rows",
-           "conv_biases_as_adds",
+           "conv_biases_as_adds", "negated_cat_pieces",
            "batch_norms_in_place", "rewrite"]
 
 aten = torch.ops.aten
@@ -44,7 +44,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + full_reductions_as_rows(gm)
             + trailing_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
             + casts_through_views(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
-            + inputs_in_row_space(gm) + conv_biases_as_adds(gm))
+            + inputs_in_row_space(gm) + conv_biases_as_adds(gm) + negated_cat_pieces(gm))
 
 
 #: the largest arange made a constant of the graph (elements): position ids, column indices
@@ -158,6 +158,42 @@ def conv_biases_as_adds(gm: fx.GraphModule) -> int:
             shaped = b.op(aten.view.default, bias, [1, val.shape[1]] + [1] * (val.dim() - 2))
             new = b.op(aten.add.Tensor, conv, shaped)
         except Exception:  # noqa: BLE001 - shapes this restatement does not cover: leave it
+            continue
+        node.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def negated_cat_pieces(gm: fx.GraphModule) -> int:
+    """``cat([neg(a), b], d)`` -> ``cat([a, b], d) * sign``, ``sign`` a graph constant of -1 over
+    the negated pieces' range of dim d and 1 elsewhere (size 1 in every other dim). A cat reads
+    its pieces from memory, so the negation was a kernel of its own that wrote its piece: RoPE's
+    ``rotate_half`` (``cat([-x2, x1])``), a ``neg`` kernel for q and for k in every layer, forward
+    and backward. Only where the cat is the negation's one reader."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if not (node.op == "call_function" and fusion.is_cat(node)):
+            continue
+        pieces = list(node.args[0])
+        negated = [isinstance(p, fx.Node) and p.op == "call_function" and p.target is aten.neg.default
+                   and len(p.users) == 1 for p in pieces]
+        val = fusion.value(node)
+        if not any(negated) or not (isinstance(val, torch.Tensor) and hasattr(val, "fake_mode")
+                                    and fusion.static_shape(val) and val.dtype.is_floating_point):
+            continue
+        dim = fusion.cat_dim(node)
+        signs = []
+        for p, neg in zip(pieces, negated):
+            signs += [-1.0 if neg else 1.0] * int(fusion.value(p).shape[dim])
+        shape = [1] * val.dim()
+        shape[dim] = len(signs)
+        b = _Builder(gm, node, val)
+        name = f"_kl_signs_{abs(hash(tuple(signs))):x}_{dim}_{val.dim()}_{str(val.dtype)[6:]}_{val.device.type}"
+        sign = b.constant(name, lambda: torch.tensor(signs, dtype=val.dtype, device=val.device).view(shape))
+        kept = [p.args[0] if neg else p for p, neg in zip(pieces, negated)]
+        try:
+            new = b.op(aten.mul.Tensor, b.op(aten.cat.default, kept, *node.args[1:], **node.kwargs), sign)
+        except Exception:  # noqa: BLE001 - pieces this restatement does not cover: leave it
             continue
         node.replace_all_uses_with(new)
         count += 1

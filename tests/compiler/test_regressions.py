@@ -669,3 +669,32 @@ def test_convolution_bias_joins_the_next_kernel():
         assert_close(torch.compile(_conv_mlp, backend="kernelab")(*args), _conv_mlp(*args), what="inference")
         names = [k.name for k in klc.plan_kernels(_conv_mlp, tuple(args))]
     assert "add bias" not in names, names
+
+
+def _rope(x, cos, sin):
+    """Rotary embeddings as Hugging Face writes them: ``rotate_half`` is ``cat([-x2, x1])``."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def test_rotate_half_needs_no_negation_kernel():
+    """``cat([-x2, x1])``: the negation was a kernel of its own (a cat reads its pieces from memory);
+    as ``cat([x2, x1]) * sign`` (``rewrites.negated_cat_pieces``) RoPE is one kernel each way, with
+    eager's values and gradients."""
+    x, cos, sin = _r(2, 3, 5, 8, grad=True), _r(1, 1, 5, 8, seed=1), _r(1, 1, 5, 8, seed=2)
+    g = _r(2, 3, 5, 8, seed=3)
+    expected = _rope(x, cos, sin)
+    actual = torch.compile(_rope, backend="kernelab")(x, cos, sin)
+    assert_close(actual, expected, what="rope")
+    assert_close(torch.autograd.grad(actual, x, g)[0], torch.autograd.grad(expected, x, g)[0], what="rope gradient")
+    with torch.no_grad():
+        names = [k.name for k in klc.plan_kernels(_rope, (x, cos, sin))]
+    assert names == ["kl_fused_mul_cat_add"], names
+    # in Llama's training step, forward and backward (the backward's cat comes from
+    # ``scatters_as_cats``): no negation kernel left
+    from kernelab.zoo import ZOO
+
+    zm = ZOO["llama"]
+    model, inputs = zm.build("tiny")
+    names = [k.name for k in klc.plan_kernels(lambda: zm.loss(model, inputs).backward())]
+    assert not any("neg" in n for n in names), names
