@@ -679,8 +679,8 @@ def _rope(x, cos, sin):
 
 def test_rotate_half_needs_no_negation_kernel():
     """``cat([-x2, x1])``: the negation was a kernel of its own (a cat reads its pieces from memory);
-    as ``cat([x2, x1]) * sign`` (``rewrites.negated_cat_pieces``) RoPE is one kernel each way, with
-    eager's values and gradients."""
+    as ``cat([x2, x1]) * sign`` (``rewrites.negated_cat_pieces``) RoPE's forward is one kernel,
+    with eager's values and gradients."""
     x, cos, sin = _r(2, 3, 5, 8, grad=True), _r(1, 1, 5, 8, seed=1), _r(1, 1, 5, 8, seed=2)
     g = _r(2, 3, 5, 8, seed=3)
     expected = _rope(x, cos, sin)
@@ -698,3 +698,6 @@ def test_rotate_half_needs_no_negation_kernel():
     model, inputs = zm.build("tiny")
     names = [k.name for k in klc.plan_kernels(lambda: zm.loss(model, inputs).backward())]
     assert not any("neg" in n for n in names), names
+    # nor a kernel writing g * cos and g * sin for the backward's cat to read back
+    # (``slices_through_products``, ``cats_of_products``): the cat reads g's halves
+    assert "kl_fused_mul" not in names, names
