@@ -555,7 +555,9 @@ def test_rope_forward_and_backward_cats_join_their_kernels():
     fn = lambda q: q * cos + _rotate_half(q) * sin  # noqa: E731
     names = _names(klc.plan_kernels(lambda: fn(q).sum().backward()))
     q.grad = None
-    assert "cat" not in names and "kl_fused_mul_cat_add" in names and "kl_fused_cat_add" in names, names
+    # the backward's cat: ``cat([x2, x1]) * sign`` (``negated_cat_pieces``) with the add; no negation kernel
+    assert "cat" not in names and "kl_fused_mul_cat_add" in names and "kl_fused_cat_mul_add" in names, names
+    assert not any("neg" in n for n in names), names
     g = torch.randn(2, 3, 5, 8)
     got = torch.autograd.grad(klc.compile(fn)(q), q, g)[0]
     torch.testing.assert_close(got, torch.autograd.grad(fn(q), q, g)[0])
