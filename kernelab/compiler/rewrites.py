@@ -286,7 +286,8 @@ def negated_cat_pieces(gm: fx.GraphModule) -> int:
         shape = [1] * val.dim()
         shape[dim] = len(signs)
         b = _Builder(gm, node, val)
-        name = f"_kl_signs_{abs(hash(tuple(signs))):x}_{dim}_{val.dim()}_{str(val.dtype)[6:]}_{val.device.type}"
+        runs = "_".join(f"{'n' if neg else 'p'}{int(fusion.value(p).shape[dim])}" for p, neg in zip(pieces, negated))
+        name = f"_kl_signs_{runs}_d{dim}_r{val.dim()}_{str(val.dtype)[6:]}_{val.device.type}"  # exact: one per pattern
         sign = b.constant(name, lambda: torch.tensor(signs, dtype=val.dtype, device=val.device).view(shape))
         kept = [p.args[0] if neg else p for p, neg in zip(pieces, negated)]
         try:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kernelab.compiler as klc
-from tests.compiler.test_zoo import ABS, REL, _rel
+from tests.compiler.conftest import REL, gradients_off, rel_norm
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
@@ -99,9 +99,7 @@ def test_training_step_matches_eager(name):
 
     assert events.fallbacks == [], str(events)
     assert events.kernels_launched > 0, f"{name}: no generated kernel launched"
-    assert _rel(loss.detach(), ref_loss.detach()) < REL, f"{name}: loss {loss.item()} vs eager {ref_loss.item()}"
+    assert rel_norm(loss.detach(), ref_loss.detach()) < REL, f"{name}: loss {loss.item()} vs eager {ref_loss.item()}"
     assert grads.keys() == ref.keys(), f"{name}: parameters with a gradient differ"
-    scale = max(g.double().norm().item() for g in ref.values())
-    bad = {n: _rel(grads[n], g) for n, g in ref.items()
-           if (grads[n].double() - g.double()).norm().item() > REL * g.double().norm().item() + ABS * scale}
+    bad = gradients_off(grads, ref)
     assert not bad, f"{name}: gradients off eager (relative norm): {bad}"

@@ -13,22 +13,11 @@ import torch
 
 import kernelab.compiler as klc
 from kernelab.zoo import ZOO
+from tests.compiler.conftest import REL, gradients_off, rel_norm
 
 pytest.importorskip("transformers")
 pytest.importorskip("timm")
 pytest.importorskip("torchvision")
-
-#: relative-norm tolerance of the loss, the logits and each gradient against eager (float32)
-REL = 1e-4
-#: absolute slack, relative to the largest gradient norm of the model: gradients that are zero in
-#: exact arithmetic (a softmax's key bias, whose gradient cancels over each row) are rounding noise
-#: in both runs, so their relative error means nothing
-ABS = 1e-5
-
-
-def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)).item()
-
 
 def _gradients(zm, module, inputs, compiled=None) -> tuple[float, dict]:
     loss = zm.loss(compiled if compiled is not None else module, inputs)
@@ -50,11 +39,9 @@ def test_training_step_matches_eager(name):
 
     assert events.fallbacks == [], str(events)
     assert events.kernels_launched > 0, f"{name}: no generated kernel launched"
-    assert _rel(loss, ref_loss) < REL, f"{name}: loss {loss.item()} vs eager {ref_loss.item()}"
+    assert rel_norm(loss, ref_loss) < REL, f"{name}: loss {loss.item()} vs eager {ref_loss.item()}"
     assert grads.keys() == ref_grads.keys(), f"{name}: parameters with a gradient differ"
-    scale = max(g.double().norm().item() for g in ref_grads.values())
-    bad = {n: _rel(grads[n], g) for n, g in ref_grads.items()
-           if (grads[n].double() - g.double()).norm().item() > REL * g.double().norm().item() + ABS * scale}
+    bad = gradients_off(grads, ref_grads)
     assert not bad, f"{name}: gradients off eager (relative norm): {bad}"
 
 
@@ -70,7 +57,7 @@ def test_inference_matches_eager(name):
     events = klc.events()
     assert events.fallbacks == [], str(events)
     assert events.kernels_launched > 0, f"{name}: no generated kernel launched"
-    assert _rel(actual, expected) < REL, f"{name}: logits off eager by {_rel(actual, expected):.2e}"
+    assert rel_norm(actual, expected) < REL, f"{name}: logits off eager by {rel_norm(actual, expected):.2e}"
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "resnet"])
