@@ -189,6 +189,9 @@ def classify(node: fx.Node) -> tuple[str, str]:
         return ("eager", why) if why else ("pointwise", "")
     if short in _FULL_REDUCTIONS:
         return "eager", f"{short} over every dim or other dims: only last-dim row reductions are generated"
+    if name == "aten.index_put_.default" and len(node.args) > 3 and node.args[3] is True:
+        return "eager", ("an accumulating index_put: the row scatter-add kernel (kl_scatter_add_rows, "
+                         "scatter.py) runs it where it fits, else ATen")
     return "eager", f"no Triton rule for {name}"
 
 

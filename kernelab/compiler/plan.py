@@ -12,13 +12,15 @@ import copy
 from dataclasses import dataclass, field
 
 import torch
+import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from ..capture import OpTrace, Prepared, _function_outputs, _Recorder, _StorageIds
 from ..eager_rules import Context, KernelSpec, lower_eager
 from . import fusion
 from .eventlog import ACTIVE_PLAN
-from .group_runner import run_reference
+from .group_runner import call_node, lookup, run_reference
+from .scatter import KERNEL_NAME
 
 __all__ = ["Plan", "GraphPlan", "GroupPlan", "explain", "plan_kernels", "plan_trace"]
 
@@ -205,6 +207,25 @@ class _Hooks:
         category = "reduction" if group.kind == "column" else group.kind
         self.rec.kernels.append(KernelSpec(group.name, category, ops, reads, writes,
                                            flops=float(numel * len(ops))))
+
+
+    def generated_op(self, node, env: dict, fits) -> object:
+        """An ATen node the runner hands to a fixed kernel of ours (``scatter.py``) when its
+        arguments ``fits``: computed with ATen out of sight and recorded as that one kernel."""
+        args = fx.node.map_arg(node.args, lambda a: lookup(a, env))
+        if not fits(*args[:3]):
+            return call_node(node, env)
+        self.rec.suppress += 1
+        try:
+            out = call_node(node, env)
+        finally:
+            self.rec.suppress -= 1
+        info = self.rec.ids.info
+        base, indices, values = args[:3]
+        self.rec.kernels.append(KernelSpec(KERNEL_NAME, "pointwise", ["index_put"],
+                                           [info(values), info(indices[0]), info(base)], [info(out)],
+                                           flops=float(values.numel())))
+        return out
 
 
 def _empty(group, env: dict) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from . import fusion, layout
+from . import fusion, layout, scatter
 from .kcache import cache_dir, kernel_module
 from .group_runner import GroupRunner, call_node, interpreted, lookup, run_reference
 from .views import nodes_in, view_chains
@@ -78,7 +78,11 @@ class GraphRunner:
                 else:
                     item.run(env)
             else:
-                env[item] = call_node(item, env, self.target(item))
+                target = self.target(item)
+                if hooks is not None and isinstance(target, scatter.ScatterAddRows):
+                    env[item] = hooks.generated_op(item, env, scatter.fits)
+                else:
+                    env[item] = call_node(item, env, target)
             for n in dead:
                 env.pop(n, None)
         restore = self.padding.restore
@@ -86,7 +90,10 @@ class GraphRunner:
                                     lambda a: layout.traced_layout(lookup(a, env), a) if a in restore else lookup(a, env)))
 
     def target(self, node: fx.Node):
-        """What runs an ATen node: its op, or a product writing into a padded buffer."""
+        """What runs an ATen node: its op, a product writing into a padded buffer, or the row
+        scatter-add kernel (``scatter.py``) for an accumulating ``index_put_``."""
+        if scatter.accumulates(node):
+            return _SCATTER_ADD_ROWS
         stride = self.padding.rows.get(node)
         if stride is not None:
             return layout.PaddedProduct(layout.MATMULS[fusion.target_name(node)], stride)
@@ -96,6 +103,9 @@ class GraphRunner:
     @property
     def group_runners(self):
         return [item for kind, item in self.steps if kind == "group"]
+
+
+_SCATTER_ADD_ROWS = scatter.ScatterAddRows()
 
 
 def _direct_target(target):

@@ -495,7 +495,7 @@ def test_embedding_backward_accumulates_into_its_own_fill():
         return (F.embedding(idx, w) * 2).sum()
 
     names = [k.name for k in klc.plan_kernels(lambda w, idx: torch.autograd.grad(step(w, idx), w), (w, idx))]
-    assert "index_put_" in names and not any("memcpy" in n for n in names), names
+    assert "kl_scatter_add_rows" in names and not any("memcpy" in n for n in names), names
     compiled = torch.compile(step, backend="kernelab")
     ref = torch.autograd.grad(step(w, idx), w)[0]
     for _ in range(2):
@@ -544,7 +544,7 @@ def test_index_puts_sharing_one_fill_each_write_their_own():
     for _ in range(2):
         assert_close(compiled(v1, v2), two_scatters(v1, v2), what="two index_puts into one fill")
     names = [k.name for k in klc.plan_kernels(two_scatters, (v1, v2))]
-    assert names.count("index_put_") == 2 and not any("memcpy" in n for n in names), names
+    assert names.count("kl_scatter_add_rows") == 2 and not any("memcpy" in n for n in names), names
 
 
 def _head_and_loss(h, w, target):
@@ -701,3 +701,56 @@ def test_rotate_half_needs_no_negation_kernel():
     # nor a kernel writing g * cos and g * sin for the backward's cat to read back
     # (``slices_through_products``, ``cats_of_products``): the cat reads g's halves
     assert "kl_fused_mul" not in names, names
+
+
+def _scatter_add(base, idx, values):
+    return (base * 1).index_put_((idx,), values, accumulate=True) * 2
+
+
+@pytest.mark.parametrize("rows, idx_shape, width, index_dtype", [
+    (10, (7,), 5, torch.int64),  # a few rows, some repeated, negative ones counted from the end
+    (3, (2, 9), 1100, torch.int64),  # 2-D ids (an embedding's (batch, tokens)); wider than one column block
+    (1, (33,), 8, torch.int32),  # every index the same row (BERT's token types)
+])
+def test_accumulating_index_put_runs_the_scatter_kernel(rows, idx_shape, width, index_dtype):
+    """An accumulating ``index_put_`` into a fresh buffer runs the row scatter-add kernel
+    (``scatter.py``: atomic adds, where ATen's sorted kernel walked BERT's equal ids one by one)
+    and adds what ATen adds."""
+    idx = torch.randint(-rows, rows, idx_shape, generator=torch.Generator().manual_seed(0)).to(index_dtype)
+    values = _r(*idx_shape, width)
+
+    def embedding_grad(values):
+        return torch.zeros(rows, width).index_put_((idx,), values, accumulate=True) * 2
+
+    compiled = torch.compile(embedding_grad, backend="kernelab")
+    for _ in range(2):  # the second call starts from zeros again
+        assert_close(compiled(values), embedding_grad(values), what="scatter-add")
+    names = [k.name for k in klc.plan_kernels(embedding_grad, (values,))]
+    assert "kl_scatter_add_rows" in names and "index_put_" not in names, names
+
+
+def test_scatter_outside_the_kernel_form_runs_aten():
+    """Calls the kernel does not take run ATen's index_put_ with its values: float16 buffers,
+    deterministic algorithms (atomic adds add in no fixed order), values that broadcast."""
+    from kernelab.compiler.scatter import ScatterAddRows, fast_path
+    idx = torch.tensor([0, 2, 2])
+    run = ScatterAddRows()
+    half = torch.zeros(3, 4, dtype=torch.float16)
+    assert not fast_path(half, [idx], torch.ones(3, 4, dtype=torch.float16))
+    torch.testing.assert_close(run(half, [idx], torch.ones(3, 4, dtype=torch.float16), True),
+                               torch.zeros(3, 4, dtype=torch.float16).index_put_((idx,), torch.ones(3, 4, dtype=torch.float16), True))
+    assert not fast_path(torch.zeros(3, 4), [idx], torch.ones(4))  # broadcast values
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not fast_path(torch.zeros(3, 4), [idx], torch.ones(3, 4))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert fast_path(torch.zeros(3, 4), [idx], torch.ones(3, 4))
+
+
+def test_scatter_index_out_of_range_is_loud():
+    """An index eager PyTorch would refuse adds NaN to row 0 (a kernel cannot raise): never a
+    plausible wrong gradient."""
+    from kernelab.compiler.scatter import ScatterAddRows
+    out = ScatterAddRows()(torch.zeros(3, 4), [torch.tensor([1, 7])], torch.ones(2, 4), True)
+    assert torch.isnan(out[0]).all() and (out[1] == 1).all() and (out[2] == 0).all()

@@ -1,0 +1,119 @@
+"""Row scatter-add: ``index_put_(base, [idx], values, accumulate=True)`` as one kernel of atomic adds.
+
+An embedding's backward (``embedding_dense_backward``, decomposed) adds every token's gradient row
+into the weight row of its id: ``zeros(V, H).index_put_([ids], dy, accumulate=True)``. ATen's CUDA
+kernel for an accumulating ``index_put_`` sorts the indices and walks equal ones one after another:
+BERT's token-type ids (all 0: 8192 rows into one) and position ids (16 rows each) took 5.7 ms of
+a 25.7 ms training step on the H200 (``benchmarks/results/zoo_profile_bert_train_h200.txt``), where
+Inductor's kernel of atomic adds takes ~0.1 ms.
+
+Here each program takes ``ROWS`` indices and adds their value rows into ``base`` with float32
+atomic adds, ``BLOCK`` columns at a time: every value is read once (4 bytes a value, plus one
+8-byte index a row) and every add is one atomic in L2, where equal indices meet. The order of the
+additions is not fixed (floating-point addition is not associative): under
+``torch.use_deterministic_algorithms(True)`` ATen's sorted kernel runs instead, as it does for
+every call outside the fast path (:func:`fast_path`).
+
+An index outside ``[-V, V)`` makes eager PyTorch stop with an error; a kernel cannot raise, so such
+a row adds NaN to row 0 instead: loud, never a plausible wrong number (the convention of the
+compiler's other indexing, ``rewrites.one_hot_indexing``). Embedding indices never get here out of
+range: the forward's lookup of the same ids has already raised.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..launch import Launcher
+from .group_runner import interpreted, pow2
+
+__all__ = ["KERNEL_NAME", "ScatterAddRows", "accumulates", "fast_path", "fits"]
+
+aten = torch.ops.aten
+
+#: the kernel's name, as profilers and ``kernelab.count`` show it
+KERNEL_NAME = "kl_scatter_add_rows"
+#: index rows per program, and the widest column block one step of a program adds
+ROWS, MAX_BLOCK = 4, 1024
+
+
+def accumulates(node) -> bool:
+    """Is this graph node an accumulating ``index_put_`` (the op this module can run)?"""
+    if node.target is not aten.index_put_.default:
+        return False
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    return accumulate is True
+
+
+def fits(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
+    """Does the call have the kernel's form, whatever its device? One index tensor (int64 or int32)
+    on the first dim of a contiguous float32 ``base``, ``values`` of exactly ``indices.shape +
+    base.shape[1:]`` and ``base``'s dtype, deterministic algorithms off."""
+    if len(indices) != 1 or indices[0] is None or torch.are_deterministic_algorithms_enabled():
+        return False
+    idx = indices[0]
+    if idx.dtype not in (torch.int64, torch.int32) or base.dtype != torch.float32 or values.dtype != base.dtype:
+        return False
+    return base.dim() >= 1 and base.is_contiguous() and \
+        tuple(values.shape) == tuple(idx.shape) + tuple(base.shape[1:])
+
+
+def fast_path(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
+    """Does the kernel run this call? It :func:`fits`, on one CUDA device (or on the CPU under
+    Triton's interpreter). Anything else runs ATen's ``index_put_``."""
+    if not fits(base, indices, values) or len({base.device, indices[0].device, values.device}) != 1:
+        return False
+    return base.is_cuda or (interpreted() and base.device.type == "cpu")
+
+
+class ScatterAddRows:
+    """Runs an accumulating ``index_put_`` node: the kernel on the fast path, ATen otherwise."""
+
+    kernel_name = KERNEL_NAME
+
+    def __call__(self, base, indices, values, accumulate=False):
+        if not accumulate or not fast_path(base, indices, values):
+            return aten.index_put_.default(base, indices, values, accumulate)
+        idx = indices[0].reshape(-1)
+        n_idx = idx.numel()
+        width = base.numel() // base.shape[0] if base.shape[0] else 0
+        if n_idx == 0 or width == 0:
+            return base
+        rows = values.reshape(n_idx, width)  # a view when values are contiguous, else one copy
+        block = min(pow2(width), MAX_BLOCK)
+        grid = ((n_idx + ROWS - 1) // ROWS,)
+        _launcher()(grid, base, idx, rows, n_idx, base.shape[0], width, rows.stride(0),
+                    ROWS=ROWS, BLOCK=block, num_warps=4 if block >= 512 else 2)
+        return base
+
+
+@functools.cache
+def _launcher() -> Launcher:
+    return Launcher(_kernel(), interpreted())
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kl_scatter_add_rows(base_ptr, idx_ptr, src_ptr, n_idx, n_rows, width, src_stride,
+                            ROWS: tl.constexpr, BLOCK: tl.constexpr):
+        # ROWS indices a program; their value rows are added into base[idx] BLOCK columns a step
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        rmask = rows < n_idx
+        idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        idx = tl.where(idx < 0, idx + n_rows, idx)  # negative indices count from the end, as in torch
+        ok = (idx >= 0) & (idx < n_rows)
+        target = tl.where(ok, idx, 0)[:, None] * width  # out of range: NaN into row 0 (module doc)
+        source = rows.to(tl.int64)[:, None] * src_stride
+        for start in range(0, width, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            mask = rmask[:, None] & (cols < width)
+            v = tl.load(src_ptr + source + cols, mask=mask, other=0.0)
+            v = tl.where(ok[:, None], v, float("nan"))
+            tl.atomic_add(base_ptr + target + cols, v, mask=mask, sem="relaxed")
+
+    return kl_scatter_add_rows
