@@ -10,7 +10,7 @@ and checks every result against torch. Bytes moved: x read once (the per-column 
 are negligible). Writes OUT_DIR/column_tune.csv and prints the best configuration per shape and
 the one that is best overall (geometric mean of time relative to each shape's best).
 
-``COLUMN_TUNE_GRID=programs`` tunes the programs per SM instead (2, 4, 8; the default grid keeps 2)
+``COLUMN_TUNE_SHAPES=8192x768,8192x3072`` times other shapes. ``COLUMN_TUNE_GRID=programs`` tunes the programs per SM instead (2, 4, 8; the default grid keeps 2)
 over a smaller grid of the other axes, written to OUT_DIR/column_tune_programs.csv.
 """
 from __future__ import annotations
@@ -35,7 +35,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from compiler_suite import env_row  # noqa: E402
 from _script import gpu_out_dir  # noqa: E402
 
-SHAPES = [(4096, 1024), (16384, 4096), (1 << 20, 64), (2048, 16384)]
+#: ``COLUMN_TUNE_SHAPES=8192x768,8192x3072`` replaces them (a model's bias gradients, say)
+SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["COLUMN_TUNE_SHAPES"].split(",")] \
+    if os.environ.get("COLUMN_TUNE_SHAPES") else [(4096, 1024), (16384, 4096), (1 << 20, 64), (2048, 16384)]
 GRID = os.environ.get("COLUMN_TUNE_GRID", "default")
 CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES = (32, 64, 128), (2048, 4096, 8192), (4, 8), (2, 8)
 PER_SM = (2,)
@@ -79,6 +81,10 @@ def main():
         ind_us = triton.testing.do_bench(lambda: ind(x, y), warmup=10, rep=50) * 1e3
         rows.append({"shape": "x".join(map(str, shape)), "config": "inductor", "us": ind_us,
                      "tbps": nbytes / ind_us / 1e6, "ok": True})
+        # ATen's column sum of x alone (what a bias gradient left to ATen runs: one kernel)
+        aten_us = triton.testing.do_bench(lambda: x.sum(0), warmup=10, rep=50) * 1e3
+        rows.append({"shape": "x".join(map(str, shape)), "config": "aten_sum", "us": aten_us,
+                     "tbps": nbytes / aten_us / 1e6, "ok": True})
         for cb, el, w, mt, ps in itertools.product(CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES, PER_SM):
             runtime.GroupRunner.column_launch = patched(cb, el, w, mt, ps)
             torch._dynamo.reset()
@@ -95,17 +101,19 @@ def main():
         w = csv.DictWriter(fh, fieldnames=list(rows[0]) + list(env))
         w.writeheader()
         w.writerows({**r, **env} for r in rows)
-    configs = sorted({r["config"] for r in rows if r["config"] != "inductor"})
+    peers = ("inductor", "aten_sum")
+    configs = sorted({r["config"] for r in rows if r["config"] not in peers})
     best = {}
     for r in rows:
-        if r["config"] != "inductor":
+        if r["config"] not in peers:
             best[r["shape"]] = min(best.get(r["shape"], math.inf), r["us"])
-    print(f"{'shape':14} {'inductor_us':>11} {'best_us':>8} {'TB/s':>6}  best config")
+    print(f"{'shape':14} {'inductor_us':>11} {'aten_sum_us':>11} {'best_us':>8} {'TB/s':>6}  best config")
     for shape in dict.fromkeys(r["shape"] for r in rows):
-        mine = [r for r in rows if r["shape"] == shape and r["config"] != "inductor"]
+        mine = [r for r in rows if r["shape"] == shape and r["config"] not in peers]
         top = min(mine, key=lambda r: r["us"])
         ind = next(r for r in rows if r["shape"] == shape and r["config"] == "inductor")
-        print(f"{shape:14} {ind['us']:11.1f} {top['us']:8.1f} {top['tbps']:6.2f}  {top['config']}")
+        aten = next(r for r in rows if r["shape"] == shape and r["config"] == "aten_sum")
+        print(f"{shape:14} {ind['us']:11.1f} {aten['us']:11.1f} {top['us']:8.1f} {top['tbps']:6.2f}  {top['config']}")
     score = {c: math.exp(sum(math.log(r["us"] / best[r["shape"]]) for r in rows if r["config"] == c) / len(SHAPES))
              for c in configs}
     for c in sorted(configs, key=score.get)[:5]:

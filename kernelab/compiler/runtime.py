@@ -67,6 +67,7 @@ class GraphRunner:
         if hooks is None and self.straight is not None:
             return self.straight(args)
         env = dict(zip(self.placeholders, args))
+        _release(args)
         for node in self.padding.copies:
             env[node] = layout.padded_copy(env[node], self.padding.rows[node])
         env.update(self.attrs)
@@ -190,9 +191,11 @@ def _straight_line(runner: "GraphRunner"):
     lines = ["def run(args):"]
     if runner.placeholders:
         lines.append("    " + ", ".join(names[p] for p in runner.placeholders) + ", = args")
+    # the boxed calling convention hands the list over: emptied, an input is freed at its last use
+    lines.append("    if args.__class__ is list: args.clear()")
     for node in runner.padding.copies:
         lines.append(f"    {names[node]} = {bind('p', layout.padded_copy)}({names[node]}, {runner.padding.rows[node]})")
-    keep = set(runner.placeholders) | set(runner.attrs) | set(nodes_in(out))
+    keep = set(runner.attrs) | set(nodes_in(out))
     last = {}
     for i, (_, reads, defines) in enumerate(statements):
         for n in defines:
@@ -260,8 +263,18 @@ def _schedule(gm, part, runners) -> list:
     return order
 
 
+def _release(args) -> None:
+    """Empty the caller's argument list: aot_autograd calls a boxed graph with a list it hands over
+    (``steal_args``), as Inductor's wrapper expects, so that each input, a saved activation or a
+    tangent of the backward, is freed after its last use instead of living until the graph returns
+    (Llama's training step held a 2 GB logits tangent through its whole backward). A tuple (the
+    direct inference call) is left as it is."""
+    if args.__class__ is list:
+        args.clear()
+
+
 def _last_uses(steps, output, part) -> list:
-    """After which step each intermediate value can be dropped (keeps peak memory like eager)."""
+    """After which step each value can be dropped, inputs included (keeps peak memory like eager)."""
     keep = set(output.all_input_nodes)
     last = {}
     for i, (kind, item) in enumerate(steps):
@@ -271,6 +284,6 @@ def _last_uses(steps, output, part) -> list:
                 last[p] = i
     frees = [[] for _ in steps]
     for n, i in last.items():
-        if n not in keep and n.op not in ("placeholder", "get_attr"):
+        if n not in keep and n.op != "get_attr":
             frees[i].append(n)
     return frees
