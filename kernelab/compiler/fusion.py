@@ -189,10 +189,18 @@ def classify(node: fx.Node) -> tuple[str, str]:
         return ("eager", why) if why else ("pointwise", "")
     if short in _FULL_REDUCTIONS:
         return "eager", f"{short} over every dim or other dims: only last-dim row reductions are generated"
-    if name == "aten.index_put_.default" and len(node.args) > 3 and node.args[3] is True:
+    if accumulating_index_put(node):
         return "eager", ("an accumulating index_put: the row scatter-add kernel (kl_scatter_add_rows, "
                          "scatter.py) runs it where it fits, else ATen")
     return "eager", f"no Triton rule for {name}"
+
+
+def accumulating_index_put(node) -> bool:
+    """``index_put_(base, indices, values, accumulate=True)``: what ``scatter.py``'s kernel runs."""
+    if target_name(node) != "aten.index_put_.default":
+        return False
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    return accumulate is True
 
 
 def _aliases_input(node) -> bool:

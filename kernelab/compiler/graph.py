@@ -431,7 +431,7 @@ def private_column_prologues(gm: fx.GraphModule) -> None:
 def _prologue(start, shape) -> tuple[list | None, set]:
     """The pointwise nodes (graph order unknown yet) that compute ``start`` from tensors of at most
     ``shape`` (None when there are none or when they read too many full-size tensors), and the
-    full-size tensors the reduction reads through them (``start`` alone when there is no chain).""" 
+    full-size tensors the reduction reads through them (``start`` alone when there is no chain)."""
     chain, leaves, stack, seen = [], set(), [start], set()
     while stack:
         n = stack.pop()

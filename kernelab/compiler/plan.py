@@ -208,7 +208,6 @@ class _Hooks:
         self.rec.kernels.append(KernelSpec(group.name, category, ops, reads, writes,
                                            flops=float(numel * len(ops))))
 
-
     def generated_op(self, node, env: dict, fits) -> object:
         """An ATen node the runner hands to a fixed kernel of ours (``scatter.py``) when its
         arguments ``fits``: computed with ATen out of sight and recorded as that one kernel."""

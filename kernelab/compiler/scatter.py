@@ -26,6 +26,7 @@ import functools
 import torch
 
 from ..launch import Launcher
+from .fusion import accumulating_index_put as accumulates
 from .group_runner import interpreted, pow2
 
 __all__ = ["KERNEL_NAME", "ScatterAddRows", "accumulates", "fast_path", "fits"]
@@ -38,24 +39,17 @@ KERNEL_NAME = "kl_scatter_add_rows"
 ROWS, MAX_BLOCK = 4, 1024
 
 
-def accumulates(node) -> bool:
-    """Is this graph node an accumulating ``index_put_`` (the op this module can run)?"""
-    if node.target is not aten.index_put_.default:
-        return False
-    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
-    return accumulate is True
-
-
 def fits(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
     """Does the call have the kernel's form, whatever its device? One index tensor (int64 or int32)
-    on the first dim of a contiguous float32 ``base``, ``values`` of exactly ``indices.shape +
-    base.shape[1:]`` and ``base``'s dtype, deterministic algorithms off."""
+    on the first dim of a contiguous, non-empty float32 ``base``, ``values`` of exactly
+    ``indices.shape + base.shape[1:]`` and ``base``'s dtype, deterministic algorithms off. (An
+    empty ``base`` has no row 0 to flag a bad index in: ATen runs it, and raises.)"""
     if len(indices) != 1 or indices[0] is None or torch.are_deterministic_algorithms_enabled():
         return False
     idx = indices[0]
     if idx.dtype not in (torch.int64, torch.int32) or base.dtype != torch.float32 or values.dtype != base.dtype:
         return False
-    return base.dim() >= 1 and base.is_contiguous() and \
+    return base.dim() >= 1 and base.numel() > 0 and base.is_contiguous() and \
         tuple(values.shape) == tuple(idx.shape) + tuple(base.shape[1:])
 
 
@@ -77,8 +71,8 @@ class ScatterAddRows:
             return aten.index_put_.default(base, indices, values, accumulate)
         idx = indices[0].reshape(-1)
         n_idx = idx.numel()
-        width = base.numel() // base.shape[0] if base.shape[0] else 0
-        if n_idx == 0 or width == 0:
+        width = base.numel() // base.shape[0]  # base is not empty (fits)
+        if n_idx == 0:
             return base
         rows = values.reshape(n_idx, width)  # a view when values are contiguous, else one copy
         block = min(pow2(width), MAX_BLOCK)

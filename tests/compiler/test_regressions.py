@@ -746,6 +746,8 @@ def test_scatter_outside_the_kernel_form_runs_aten():
     finally:
         torch.use_deterministic_algorithms(False)
     assert fast_path(torch.zeros(3, 4), [idx], torch.ones(3, 4))
+    with pytest.raises(IndexError):  # an empty buffer has no row to take an index: ATen raises
+        run(torch.zeros(0, 4), [idx], torch.ones(3, 4), True)
 
 
 def test_scatter_index_out_of_range_is_loud():
