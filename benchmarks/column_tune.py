@@ -10,7 +10,9 @@ and checks every result against torch. Bytes moved: x read once (the per-column 
 are negligible). Writes OUT_DIR/column_tune.csv and prints the best configuration per shape and
 the one that is best overall (geometric mean of time relative to each shape's best).
 
-``COLUMN_TUNE_SHAPES=8192x768,8192x3072`` times other shapes. ``COLUMN_TUNE_GRID=programs`` tunes the programs per SM instead (2, 4, 8; the default grid keeps 2)
+``COLUMN_TUNE_SHAPES=8192x768,8192x3072`` times other shapes. ``COLUMN_TUNE_TIMER=cudagraph`` times
+each variant replayed from a CUDA graph (``triton.testing.do_bench_cudagraph``): the GPU's time
+alone, where do_bench's back-to-back calls of a ~10 us kernel measure the host's call cost instead. ``COLUMN_TUNE_GRID=programs`` tunes the programs per SM instead (2, 4, 8; the default grid keeps 2)
 over a smaller grid of the other axes, written to OUT_DIR/column_tune_programs.csv.
 """
 from __future__ import annotations
@@ -39,12 +41,22 @@ from _script import gpu_out_dir  # noqa: E402
 SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["COLUMN_TUNE_SHAPES"].split(",")] \
     if os.environ.get("COLUMN_TUNE_SHAPES") else [(4096, 1024), (16384, 4096), (1 << 20, 64), (2048, 16384)]
 GRID = os.environ.get("COLUMN_TUNE_GRID", "default")
+TIMER = os.environ.get("COLUMN_TUNE_TIMER", "events")
 CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES = (32, 64, 128), (2048, 4096, 8192), (4, 8), (2, 8)
 PER_SM = (2,)
 if GRID not in ("default", "programs"):
     sys.exit(f"column_tune.py: COLUMN_TUNE_GRID must be 'default' or 'programs', got {GRID!r}")
+if TIMER not in ("events", "cudagraph"):
+    sys.exit(f"column_tune.py: COLUMN_TUNE_TIMER must be 'events' or 'cudagraph', got {TIMER!r}")
 if GRID == "programs":
     CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES, PER_SM = (32, 64), (4096, 8192), (4, 8), (2,), (2, 4, 8)
+
+
+def bench_us(f) -> float:
+    """Microseconds per call of ``f`` (see TIMER)."""
+    if TIMER == "cudagraph":
+        return triton.testing.do_bench_cudagraph(f, rep=50) * 1e3
+    return triton.testing.do_bench(f, warmup=10, rep=50) * 1e3
 
 
 def fn(x, y):
@@ -78,11 +90,11 @@ def main():
         torch._dynamo.reset()
         ind = torch.compile(fn)
         ind(x, y)
-        ind_us = triton.testing.do_bench(lambda: ind(x, y), warmup=10, rep=50) * 1e3
+        ind_us = bench_us(lambda: ind(x, y))
         rows.append({"shape": "x".join(map(str, shape)), "config": "inductor", "us": ind_us,
                      "tbps": nbytes / ind_us / 1e6, "ok": True})
         # ATen's column sum of x alone (what a bias gradient left to ATen runs: one kernel)
-        aten_us = triton.testing.do_bench(lambda: x.sum(0), warmup=10, rep=50) * 1e3
+        aten_us = bench_us(lambda: x.sum(0))
         rows.append({"shape": "x".join(map(str, shape)), "config": "aten_sum", "us": aten_us,
                      "tbps": nbytes / aten_us / 1e6, "ok": True})
         for cb, el, w, mt, ps in itertools.product(CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES, PER_SM):
@@ -91,12 +103,13 @@ def main():
             f = klc.compile(fn)
             got = f(x, y)
             ok = bool(torch.allclose(got.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item()))
-            us = triton.testing.do_bench(lambda: f(x, y), warmup=10, rep=50) * 1e3
+            us = bench_us(lambda: f(x, y))
             rows.append({"shape": "x".join(map(str, shape)), "config": f"c{cb}_e{el}_w{w}_t{mt}" + (f"_p{ps}" if len(PER_SM) > 1 else ""), "us": us,
                          "tbps": nbytes / us / 1e6, "ok": ok})
         runtime.GroupRunner.column_launch = original
     env = env_row(torch.device("cuda"))
-    name = "column_tune.csv" if GRID == "default" else f"column_tune_{GRID}.csv"
+    name = ("column_tune" + ("" if GRID == "default" else f"_{GRID}") + ("_cudagraph" if TIMER == "cudagraph" else "")
+            + ".csv")
     with open(out / name, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]) + list(env))
         w.writeheader()

@@ -5,7 +5,9 @@
                                         [--modes eager,inductor,kernelab] [--steps train,infer]
 
 For every zoo model, every mode (eager; inductor = ``torch.compile(fn)``; kernelab =
-``torch.compile(fn, backend="kernelab")``) and every step kind (train: set grads to None, forward,
+``torch.compile(fn, backend="kernelab")``; on request inductor-cg and kernelab-cg, the same with
+``mode="reduce-overhead"``: CUDA graphs, each step begun with ``torch.compiler.cudagraph_mark_step_begin()``;
+their ``kernels`` column counts what the profiler sees of a replay) and every step kind (train: set grads to None, forward,
 loss, backward; infer: ``torch.no_grad()`` forward of the model in eval mode), one row with:
 
 * ``cold_s``: the first step, compile included, from empty disk caches (TORCHINDUCTOR_CACHE_DIR,
@@ -24,7 +26,9 @@ loss, backward; infer: ``torch.no_grad()`` forward of the model in eval mode), o
 * ``ms``: time per step, median of CUDA-event timings of back-to-back steps after warm-up
   (host clock on the CPU); ``kernels``: CUDA kernels + memcpy + memset one step launches
   (torch.profiler); ``peak_gib``: ``torch.cuda.max_memory_allocated`` over one warm step
-  (weights, inputs, activations, gradients; nothing else is held).
+  (weights, inputs, activations, gradients; nothing else is held); for a -cg mode over its first
+  steps, warm-up and recording included (a replay allocates nothing: its activations stay in the
+  CUDA graph's pool, allocated then).
 * agreement with eager's first step, same weights and inputs: ``loss_err`` (relative),
   ``grad_err`` = max over parameters of ||g - g_eager|| / (||g_eager|| + 1e-5 ||all eager grads||)
   (the floor keeps gradients that are zero in exact arithmetic, such as attention key biases,
@@ -69,7 +73,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODES = ("eager", "inductor", "kernelab")
+MODES = ("eager", "inductor", "kernelab", "inductor-cg", "kernelab-cg")
+DEFAULT_MODES = MODES[:3]
+#: the CUDA-graph modes: ``mode="reduce-overhead"`` of each compiler (Inductor's CUDA graph trees;
+#: kernelab's replay on the same trees, kernelab/compiler/cudagraphs.py)
+CUDA_GRAPH_MODES = ("inductor-cg", "kernelab-cg")
 STEPS = ("train", "infer")
 FIELDS = ("model", "size", "step", "mode", "status", "error", "ms", "speedup_vs_inductor", "speedup_vs_eager",
           "cold_s", "startup_s", "graphs", "kernels", "peak_gib", "loss", "loss_err", "grad_err", "grad_worst",
@@ -193,7 +201,7 @@ def _prewarm(mode, device, tmp) -> float:
     _fresh_caches(tmp, f"{mode}-prewarm")
     torch._dynamo.reset()
     x = torch.randn(64, 48, device=device, requires_grad=True)
-    fn = torch.compile(lambda x: torch.nn.functional.gelu(x @ x.t()).softmax(-1).sum(), backend=_backend(mode))
+    fn = _compile(lambda x: torch.nn.functional.gelu(x @ x.t()).softmax(-1).sum(), mode)
     t0 = time.perf_counter()
     fn(x).backward()
     _sync(device)
@@ -201,7 +209,13 @@ def _prewarm(mode, device, tmp) -> float:
 
 
 def _backend(mode: str) -> str:
-    return "kernelab" if mode == "kernelab" else "inductor"
+    return "kernelab" if mode.startswith("kernelab") else "inductor"
+
+
+def _compile(fn, mode: str):
+    import torch
+
+    return torch.compile(fn, backend=_backend(mode), **({"mode": "reduce-overhead"} if mode in CUDA_GRAPH_MODES else {}))
 
 
 def _run_one(zm, model, inputs, mode, step, device, tmp, ref, buffers0, timed: bool = True) -> dict:
@@ -219,9 +233,11 @@ def _run_one(zm, model, inputs, mode, step, device, tmp, ref, buffers0, timed: b
     model.train(train)
     fn = (lambda inp: zm.loss(model, inp)) if train else (lambda inp: zm.forward(model, inp))
     if mode != "eager":
-        fn = torch.compile(fn, backend=_backend(mode))
+        fn = _compile(fn, mode)
+    new_step = torch.compiler.cudagraph_mark_step_begin if mode in CUDA_GRAPH_MODES else (lambda: None)
 
     def call():
+        new_step()  # a replayed graph's outputs of the previous step may be overwritten from here
         if train:
             for _, p in params:
                 p.grad = None
@@ -233,6 +249,8 @@ def _run_one(zm, model, inputs, mode, step, device, tmp, ref, buffers0, timed: b
 
     row = {}
     _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # a CUDA-graph mode's peak is its recording's (below)
     t0 = time.perf_counter()
     out = call()
     _sync(device)
@@ -260,7 +278,11 @@ def _run_one(zm, model, inputs, mode, step, device, tmp, ref, buffers0, timed: b
     row["ms"] = statistics.median(_time_steps(call, device, n))
     row["timed_steps"] = n
     row["kernels"] = _count_kernels(call, device)
-    if device.type == "cuda":
+    if device.type == "cuda" and mode in CUDA_GRAPH_MODES:
+        # a replay allocates nothing: its activations live in the graph's pool, allocated while the
+        # first steps ran and recorded; the peak since before the first step counts them
+        row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    elif device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         call()
         torch.cuda.synchronize(device)
@@ -276,7 +298,7 @@ def worker(name: str, size: str, modes, steps) -> None:
 
     from kernelab.zoo import ZOO
 
-    if "kernelab" in modes:
+    if any(m.startswith("kernelab") for m in modes):
         import kernelab.compiler
 
         kernelab.compiler.register()
@@ -487,17 +509,17 @@ def print_table(rows, args) -> None:
     def per_mode(model, step, key, spec, modes=MODES):
         return "/".join(cell(model, step, m, key, spec) for m in modes if m in args.modes)
 
-    table = Table(box=box.SIMPLE, title=f"models ({args.size}): ms per step; x ind = Inductor ms / kernelab ms; "
-                                        "e/i/k = eager/inductor/kernelab")
+    table = Table(box=box.SIMPLE, title=f"models ({args.size}): ms per step; x ind = Inductor ms / mode's ms "
+                                        "(kernelab, inductor-cg, kernelab-cg); e/i/k = eager/inductor/kernelab, then the -cg modes")
     for col in ("model", "step", *[f"{m} ms" for m in args.modes], "x ind", "kernels e/i/k", "graphs i/k",
                 "cold s i/k", "peak GiB i/k", "loss err k", "grad/out err i/k"):
         table.add_column(col, justify="left" if col in ("model", "step") else "right")
-    compiled = ("inductor", "kernelab")
+    compiled = ("inductor", "kernelab", *CUDA_GRAPH_MODES)
     for model in dict.fromkeys(r["model"] for r in rows):
         for step in args.steps:
             err = "grad_err" if step == "train" else "out_err"
             table.add_row(model, step, *[cell(model, step, m, "ms", ".2f") for m in args.modes],
-                          cell(model, step, "kernelab", "speedup_vs_inductor", ".2f"),
+                          per_mode(model, step, "speedup_vs_inductor", ".2f", ("kernelab", *CUDA_GRAPH_MODES)),
                           per_mode(model, step, "kernels", "d"), per_mode(model, step, "graphs", "d", compiled),
                           per_mode(model, step, "cold_s", ".1f", compiled),
                           per_mode(model, step, "peak_gib", ".2f", compiled),
@@ -517,7 +539,8 @@ def main() -> None:
     ap.add_argument("--size", choices=("bench", "tiny"), default="bench")
     ap.add_argument("--budget-s", type=float, default=540.0, help="start no model after this; stop a running one")
     ap.add_argument("--only", default="", help="comma-separated zoo names")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                    help=f"comma-separated, of {', '.join(MODES)} (-cg: mode='reduce-overhead', CUDA graphs)")
     ap.add_argument("--steps", default=",".join(STEPS))
     ap.add_argument("--one-process", action="store_true",
                     help="all modes of a model in one process, one after another (the old way: see above)")

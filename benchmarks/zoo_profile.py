@@ -3,6 +3,8 @@
 
     python benchmarks/zoo_profile.py OUT_DIR gpt2:infer llama:train [--modes inductor,kernelab] [--top 15] [--memory] [--cprofile]
 
+Modes: eager, inductor, kernelab, and inductor-cg / kernelab-cg (``mode="reduce-overhead"``: CUDA graphs).
+
 For each MODEL:STEP and mode, after two warm-up steps, one step under torch.profiler; kernels are
 grouped by name (a generated kernel's name says which ops it fused). Prints per mode: total CUDA
 time, kernel count, the step's peak memory, its wall time and the host's share of it (the time to
@@ -15,6 +17,7 @@ Needs a CUDA GPU (the device machine).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -25,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _step(zm, model, inputs, kind):
+    torch.compiler.cudagraph_mark_step_begin()  # a new step for CUDA graph modes (no-op otherwise)
     if kind == "train":
         model.zero_grad(set_to_none=True)
         zm.loss(model, inputs).backward()
@@ -86,10 +90,9 @@ def _memory_lines(zm, target, inputs, kind, top: int) -> list[str]:
     return [f"  allocated before the step: {before:.2f} GiB"] + _live_at_peak(snapshot, top)
 
 
-def _host_and_wall(zm, target, inputs, kind, steps: int = 5) -> tuple[float, float]:
-    """Median host time to return from a step (every kernel launched, none waited for) and median
-    wall time of the step (synchronized): a host time near the wall time means a host-bound step."""
-    import statistics
+def _host_and_wall(zm, target, inputs, kind, steps: int = 10) -> tuple[list[float], list[float]]:
+    """Host times to return from a step (every kernel launched, none waited for) and wall times of
+    the step (synchronized), in ms: a host time near the wall time means a host-bound step."""
     import time
 
     host, wall = [], []
@@ -102,11 +105,35 @@ def _host_and_wall(zm, target, inputs, kind, steps: int = 5) -> tuple[float, flo
         t2 = time.perf_counter()
         host.append((t1 - t0) * 1e3)
         wall.append((t2 - t0) * 1e3)
-    return statistics.median(host), statistics.median(wall)
+    return host, wall
 
 
-def _host_profile(zm, target, inputs, kind, top: int) -> list[str]:
-    """cProfile of one step's host side: the Python functions that took the most time of their own."""
+def _area(filename: str, function: str) -> str:
+    """Which part of the stack a profiled function belongs to (for the host-time breakdown)."""
+    if filename.startswith("<kernelab runner"):
+        return "kernelab: generated runner"
+    if "/kernelab/" in filename:
+        return "kernelab: " + Path(filename).stem
+    if "_launch_kernel" in function or "launch" in function and filename == "~":
+        return "Triton/torch kernel launcher (C)"
+    if "torchinductor" in filename or "_inductor" in filename:
+        return "Inductor runtime"
+    if "_functorch" in filename or "autograd" in filename or "run_backward" in function:
+        return "autograd / aot_autograd wrappers"
+    if "_dynamo" in filename or "guards" in function:
+        return "dynamo (guards, frame)"
+    if "/triton/" in filename:
+        return "Triton (Python)"
+    if filename == "~":
+        return "C builtins (ATen ops, allocator, ...)"
+    if "/torch/" in filename:
+        return "torch (Python)"
+    return "model and benchmark code"
+
+
+def _host_profile(zm, target, inputs, kind, top: int, out: Path | None = None, steps: int = 5) -> list[str]:
+    """cProfile of ``steps`` steps' host side: the time per step by area of the stack, then the
+    Python functions that took the most time of their own. Saves the raw profile under ``out``."""
     import cProfile
     import io
     import pstats
@@ -114,16 +141,30 @@ def _host_profile(zm, target, inputs, kind, top: int) -> list[str]:
     torch.cuda.synchronize()
     prof = cProfile.Profile()
     prof.enable()
-    _step(zm, target, inputs, kind)
+    for _ in range(steps):
+        _step(zm, target, inputs, kind)
     prof.disable()
     torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    if out is not None:
+        stats.dump_stats(str(out))
+    areas: dict[str, float] = {}
+    for (filename, _, function), (_, _, tottime, _, _) in stats.stats.items():
+        area = _area(filename, function)
+        areas[area] = areas.get(area, 0.0) + tottime
+    total = sum(areas.values())
+    lines = [f"  host profile (cProfile, {steps} steps; cProfile's own overhead included): "
+             f"{1e3 * total / steps:.2f} ms a step"]
+    for area, seconds in sorted(areas.items(), key=lambda kv: -kv[1]):
+        lines.append(f"    {1e3 * seconds / steps:7.2f} ms {100 * seconds / max(total, 1e-12):5.1f}%  {area}")
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
-    return ["  host profile of one step (cProfile, by own time):"] + [
+    return lines + ["  by own time:"] + [
         "  " + line for line in text.getvalue().splitlines() if line.strip()][:top + 8]
 
 
-def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False, cprofile: bool = False) -> list[str]:
+def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False, cprofile: bool = False,
+                out: Path | None = None) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
     import kernelab.compiler  # noqa: F401 - registers backend="kernelab"
@@ -134,10 +175,13 @@ def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False,
     if kind == "infer":
         model.eval()
     torch._dynamo.reset()
-    target = model if mode == "eager" else torch.compile(model, backend="kernelab" if mode == "kernelab" else "inductor")
+    target = model if mode == "eager" else torch.compile(
+        model, backend="kernelab" if mode.startswith("kernelab") else "inductor",
+        **({"mode": "reduce-overhead"} if mode.endswith("-cg") else {}))  # -cg: CUDA graphs
     for _ in range(2):
         _step(zm, target, inputs, kind)
-    host_ms, wall_ms = _host_and_wall(zm, target, inputs, kind)
+    host, wall = _host_and_wall(zm, target, inputs, kind)
+    host_ms, wall_ms = statistics.median(host), statistics.median(wall)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -148,14 +192,16 @@ def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False,
     calls = sum(e.count for e in events)
     peak = torch.cuda.max_memory_allocated() / 2**30
     lines = [f"== {name} {kind} {mode}: {total:.2f} ms of GPU time in {calls} kernels/memops, peak {peak:.2f} GiB; "
-             f"step {wall_ms:.2f} ms, of which the host took {host_ms:.2f} ms to launch everything"]
+             f"step {wall_ms:.2f} ms, of which the host took {host_ms:.2f} ms to launch everything "
+             f"(medians of {len(wall)} steps; step {min(wall):.2f}-{max(wall):.2f}, host {min(host):.2f}-{max(host):.2f})"]
     for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
         ms = e.device_time_total / 1e3
         lines.append(f"  {ms:8.3f} ms {100 * ms / max(total, 1e-9):5.1f}% x{e.count:<4d} {e.key[:110]}")
     if memory:
         lines += _memory_lines(zm, target, inputs, kind, top)
     if cprofile:
-        lines += _host_profile(zm, target, inputs, kind, top)
+        lines += _host_profile(zm, target, inputs, kind, top,
+                               out / f"host_{name}_{kind}_{mode}.pstats" if out is not None else None)
     del model, target
     torch.cuda.empty_cache()
     return lines
@@ -178,7 +224,7 @@ def main() -> None:
         name, _, kind = target.partition(":")
         for mode in args.modes.split(","):
             try:
-                lines = profile_one(name, kind or "train", mode, args.top, args.memory, args.cprofile)
+                lines = profile_one(name, kind or "train", mode, args.top, args.memory, args.cprofile, args.out)
             except Exception as exc:  # noqa: BLE001 - one failure must not end the run
                 lines = [f"== {name} {kind} {mode}: failed: {type(exc).__name__}: {exc}"]
             print("\n".join(lines), flush=True)

@@ -4,6 +4,9 @@
   line shows it as one line ``kernelab: error: ...`` and exits with 2.
 * :class:`SpecError` -- a malformed ``--input`` spec or target reference (a KernelabError).
 * :class:`TargetTimeout` -- the target did not return within the time allowed (a KernelabError).
+* :class:`KernelabFallbackWarning` -- PyTorch/ATen ran where a kernelab kernel was meant to (an op
+  outside its kernel's reach, a compiled graph or group that could not be planned or built).
+* :class:`KernelabCudaGraphWarning` -- a compiled graph runs without the CUDA graph asked for.
 * :func:`blame` -- ``"target"`` when an exception comes from the code being counted (the user's
   function, its model library, or PyTorch called from it), ``"kernelab"`` when it comes from
   kernelab's own code (its capture, rules, compiler or generated runner). The command line reports
@@ -17,7 +20,8 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-__all__ = ["KernelabError", "SpecError", "TargetTimeout", "blame", "root_cause", "where"]
+__all__ = ["KernelabError", "SpecError", "TargetTimeout", "KernelabFallbackWarning", "KernelabCudaGraphWarning",
+           "blame", "root_cause", "where"]
 
 
 class KernelabError(Exception):
@@ -30,6 +34,15 @@ class SpecError(KernelabError, ValueError):
 
 class TargetTimeout(KernelabError):
     """The target (or counting it) did not finish within the time allowed."""
+
+
+class KernelabFallbackWarning(UserWarning):
+    """PyTorch/ATen ran instead of a kernelab kernel: an op's reference implementation, or a
+    compiled graph (or one group of it) run as ATen ops. Values are PyTorch's; speed is not ours."""
+
+
+class KernelabCudaGraphWarning(UserWarning):
+    """A compiled graph runs without a CUDA graph although one was asked for (the message says why)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,10 +21,21 @@ BACKEND_NAME = "kernelab"
 
 
 def kernelab_backend(gm, example_inputs, **options):
-    """The dynamo backend (what the name "kernelab" resolves to)."""
+    """The dynamo backend (what the name "kernelab" resolves to). torch.compile's ``mode`` and
+    ``options`` arrive here: ``mode="reduce-overhead"`` replays CUDA graphs (``cudagraphs.py``)."""
     from .backend import kernelab_backend as _backend
 
     return _backend(gm, example_inputs, **options)
+
+
+def _reset_backend() -> None:
+    """torch._dynamo.reset() calls its backends' ``reset``: recorded CUDA graphs are dropped."""
+    from .backend import reset
+
+    reset()
+
+
+kernelab_backend.reset = _reset_backend
 
 
 def events():
@@ -53,9 +64,12 @@ def register() -> None:
 
 
 def compile(fn, **kwargs):  # noqa: A001 - mirrors torch.compile
-    """``torch.compile(fn, backend="kernelab", **kwargs)``."""
+    """``torch.compile(fn, backend="kernelab", **kwargs)``; ``mode="reduce-overhead"``: CUDA graphs."""
     import torch
 
+    from .cudagraphs import requested
+
+    requested(kwargs.get("mode"), kwargs.get("options"))  # a mode or option kernelab lacks: raised here, not at the call
     register()
     return torch.compile(fn, backend=BACKEND_NAME, **kwargs)
 

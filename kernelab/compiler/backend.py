@@ -18,13 +18,10 @@ import warnings
 
 import torch
 
+from ..errors import KernelabFallbackWarning
 from .eventlog import ACTIVE_PLAN, record_fallback
 
-__all__ = ["kernelab_backend", "decompositions", "KernelabFallbackWarning"]
-
-
-class KernelabFallbackWarning(UserWarning):
-    """A compiled graph ran as ATen ops instead of generated kernels."""
+__all__ = ["kernelab_backend", "decompositions", "KernelabFallbackWarning", "reset"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,11 +67,16 @@ def _debug() -> int:
     return debug_level()
 
 
-def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, **options):
-    """``torch.compile(fn, backend="kernelab")``."""
+def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
+    """``torch.compile(fn, backend="kernelab")``; ``mode="reduce-overhead"`` (or
+    ``options={"cudagraphs": True}``) replays each compiled graph as a CUDA graph (``cudagraphs.py``)."""
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    from . import cudagraphs
+
+    use_graphs = cudagraphs.requested(mode, options)  # a mode or option we lack raises here
+    pairing = cudagraphs.Pairing()
     direct = []  # the inference graph's own call, where aot_autograd's runtime wrapper has no work
     autocast = torch._C._is_any_autocast_enabled()  # aot_autograd turns it off around the compilers
 
@@ -88,7 +90,11 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, **options):
             finally:
                 if recorder is not None:
                     recorder.suppress -= 1
-            if kind == "inference" and not autocast and _wrapper_has_no_work(gm, inputs, example_inputs):
+            if use_graphs:  # the replayed graph gets aot_autograd's wrapper: it has the work of output aliasing
+                call, call.plan.cudagraphs = cudagraphs.wrap(call, fx_gm, inputs, kind, pairing)
+                if _debug() >= 1:
+                    print(f"kernelab {kind} graph: CUDA graph {call.plan.cudagraphs}", file=sys.stderr)
+            elif kind == "inference" and not autocast and _wrapper_has_no_work(gm, inputs, example_inputs):
                 direct.append(call)
             return call
         return torch._disable_dynamo(compile_fn)  # a backward compiled inside a traced frame
@@ -111,6 +117,12 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         _say_fallback(why)
         return gm.forward
     return _direct_inference(direct[0]) if direct else compiled
+
+
+def reset() -> None:
+    """On torch._dynamo.reset(): the CUDA graph trees recorded for compiled graphs go too."""
+    if "torch._inductor.cudagraph_trees" in sys.modules:
+        sys.modules["torch._inductor.cudagraph_trees"].reset_cudagraph_trees()
 
 
 def direct_calls() -> bool:
@@ -238,6 +250,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
     boxed._boxed_call = True
     boxed.plan = graph_plan
     boxed.raw = call
+    boxed.runner = runner
     return boxed
 
 

@@ -125,6 +125,7 @@ class Call:
     workspace: int = 0  # float32 values of scratch a column reduction's splits need per launch
     col_blocks: int = 0  # a column reduction's column blocks: one arrival counter each
     counters: dict = field(default_factory=dict)  # stream -> int32 counters, zeroed once, reset by the kernel
+    transient: bool = False  # counters zeroed per call instead (under CUDA graphs: see GroupRunner)
     empty: object = None  # (size, stride, dtype) -> uninitialized tensor on ``device``: see _allocator
     narrow: tuple = ()  # (output index, columns): padded outputs, allocated whole, viewed to their columns
 
@@ -139,6 +140,10 @@ class Call:
         share a counter while it counts; launches on two streams get two sets."""
         if not self.col_blocks:
             return ()
+        if self.transient:  # one memset more per launch; nothing kept between calls
+            counters = torch.zeros(self.col_blocks, dtype=torch.int32, device=self.device)
+            work = torch.empty(self.workspace, dtype=torch.float32, device=self.device) if self.workspace else counters
+            return work, counters
         stream = current_stream(self.device)
         counters = self.counters.get(stream)
         if counters is None:
@@ -275,6 +280,9 @@ class GroupRunner:
     compile_s: float = 0.0
     #: outputs laid out with padded rows (``layout.py``): node -> row stride in elements
     padded: dict = field(default_factory=dict)
+    #: allocate a column reduction's arrival counters per call instead of once: a CUDA graph's
+    #: memory pool must hold nothing between calls that the graph does not return (the trees check)
+    transient_scratch: bool = False
 
     def __post_init__(self):
         self.loads = codegen.loads_of(self.group) if self.group is not None else []
@@ -365,7 +373,8 @@ class GroupRunner:
             return None
 
     def refuse(self, exc: Exception) -> None:
-        from .backend import KernelabFallbackWarning, strict
+        from ..errors import KernelabFallbackWarning
+        from .backend import strict
 
         if strict():
             raise exc
@@ -510,6 +519,7 @@ class GroupRunner:
         n_red = sum(1 for n in g.nodes if fusion.is_reduction(n))
         call.workspace = n_red * splits * n_cols if splits > 1 else 0
         call.col_blocks = col_blocks
+        call.transient = self.transient_scratch
         return call
 
     def column_launch(self, rows, n_cols, device) -> Launch:

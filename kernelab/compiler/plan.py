@@ -59,6 +59,7 @@ class GraphPlan:
     fallback: str | None = None  # why the whole graph runs as ATen, if it does
     jit_s: float = 0.0  # generating and importing the kernels of the first call (Triton compiles lazily)
     padded: list = field(default_factory=list)  # values with padded rows (compiler/layout.py), one line each
+    cudagraphs: str = ""  # where CUDA graphs were asked for: "recorded: ..." or "not recorded: <why>"
 
     @classmethod
     def build(cls, kind, gm, part, compile_s, fallback) -> "GraphPlan":
@@ -71,7 +72,8 @@ class GraphPlan:
         kernels = len(self.groups)
         return (f"kernelab {self.kind} graph: {kernels} generated kernel(s), {len(self.eager)} op(s) left to ATen, "
                 f"planned in {self.compile_s * 1e3:.1f} ms" + (f"; on this machine it runs as ATen: {self.fallback}"
-                                                        if self.fallback else ""))
+                                                        if self.fallback else "")
+                + (f"; CUDA graph {self.cudagraphs}" if self.cudagraphs else ""))
 
     def decisions(self) -> str:
         lines = [self.summary()]
@@ -88,7 +90,8 @@ class GraphPlan:
         return {"kind": self.kind, "groups": [g.to_dict() for g in self.groups],
                 "eager": [{"node": n, "op": op, "reason": why} for n, op, why in self.eager],
                 "refusals": [{"node": n, "reason": why} for n, why in self.refusals],
-                "compile_s": self.compile_s, "jit_s": self.jit_s, "fallback": self.fallback, "padded": list(self.padded)}
+                "compile_s": self.compile_s, "jit_s": self.jit_s, "fallback": self.fallback, "padded": list(self.padded),
+                "cudagraphs": self.cudagraphs}
 
 
 def _group_plan(group) -> GroupPlan:

@@ -105,6 +105,15 @@ class GraphRunner:
     def group_runners(self):
         return [item for kind, item in self.steps if kind == "group"]
 
+    def for_cuda_graphs(self) -> None:
+        """Keep no device memory between calls (recorded into a CUDA graph, whose pool must hold
+        only what the graph returns): column reductions' counters are allocated per call."""
+        for group_runner in self.group_runners:
+            group_runner.transient_scratch = True
+            for call in group_runner.calls.values():
+                if call is not None:
+                    call.transient, call.counters = True, {}
+
 
 _SCATTER_ADD_ROWS = scatter.ScatterAddRows()
 

@@ -18,11 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..errors import KernelabFallbackWarning
 from ..launch import Launcher
-
-
-class KernelabFallbackWarning(UserWarning):
-    """A kernelab op ran its PyTorch reference instead of its Triton kernel."""
 
 
 @triton.jit
