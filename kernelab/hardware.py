@@ -9,10 +9,11 @@ per device and torch version, never a datasheet.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from . import config
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class Ceilings:
 def cache_root() -> Path:
     """Where kernelab keeps what it measured or generated: ``$KERNELAB_CACHE`` (default
     ``~/.cache/kernelab``)."""
-    return Path(os.environ.get("KERNELAB_CACHE") or Path.home() / ".cache" / "kernelab")
+    return config.cache_root()
 
 
 def slug(text: str) -> str:

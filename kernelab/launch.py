@@ -31,6 +31,8 @@ import os
 
 import torch
 
+from . import config
+
 _I32 = (-(2**31), 2**31)
 _U64 = 2**63  # Triton types a Python int as i32 in int32's range, u64 from 2^63, else i64
 
@@ -56,7 +58,7 @@ def hooked(hook) -> bool:
 
 def enabled() -> bool:
     """Direct launches are on (``KERNELAB_DIRECT_LAUNCH=0`` turns them off)."""
-    return os.environ.get("KERNELAB_DIRECT_LAUNCH", "1") != "0"
+    return config.direct_launch()
 
 
 _direct = True  # False inside triton_path()
@@ -99,7 +101,7 @@ def _stream_function():
     return driver.active.get_current_stream
 
 
-def _current_stream(device: int):
+def current_stream(device: int):
     """The current stream's handle on ``device`` (``teams.py`` keys its buffers by it)."""
     return _stream_function()(device)
 
@@ -362,7 +364,7 @@ def _static_launcher_class():
     None: its module was renamed between torch versions, and CPU builds have no CUDA launcher."""
     import importlib
 
-    if os.environ.get("KERNELAB_STATIC_LAUNCH", "1") == "0" or not hasattr(torch._C, "_StaticCudaLauncher"):
+    if not config.static_launch() or not hasattr(torch._C, "_StaticCudaLauncher"):
         return None
     for name in ("torch._inductor.runtime.static_triton_launcher", "torch._inductor.runtime.static_cuda_launcher"):
         try:

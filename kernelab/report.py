@@ -26,11 +26,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
-import os
 import re
 import shutil
 from dataclasses import dataclass, field
 
+from . import config
 from .module_tree import ModuleNode, build_tree, common_module, wasters_line
 from .module_tree import render as render_tree
 
@@ -39,10 +39,7 @@ SCHEMA_VERSION = 1
 
 def debug_level() -> int:
     """KERNELAB_DEBUG=1..3: summary / a line per kernel / fusion decisions (the one debug switch)."""
-    try:
-        return int(os.environ.get("KERNELAB_DEBUG", "0"))
-    except ValueError:
-        return 0
+    return config.debug_level()
 
 
 @dataclass

@@ -11,13 +11,13 @@ graph runs as its ATen ops, which is what eager PyTorch does; that is said once 
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 import warnings
 
 import torch
 
+from .. import config
 from ..errors import KernelabFallbackWarning
 from .eventlog import ACTIVE_PLAN, record_fallback
 
@@ -110,7 +110,7 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
             keep_inference_input_mutations=True,
         )
     except Exception as exc:  # tracing or partitioning failed: the graph runs as dynamo captured it
-        if strict():
+        if config.strict():
             raise
         why = f"aot_autograd failed on this graph ({type(exc).__name__}: {exc}): it runs eagerly"
         record_fallback("graph", "dynamo graph", why)
@@ -127,7 +127,7 @@ def reset() -> None:
 
 def direct_calls() -> bool:
     """KERNELAB_DIRECT_CALL=0 keeps aot_autograd's runtime wrapper around every inference graph."""
-    return os.environ.get("KERNELAB_DIRECT_CALL", "1") != "0"
+    return config.direct_call()
 
 
 def _wrapper_has_no_work(gm, graph_inputs, example_inputs) -> bool:
@@ -209,7 +209,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
         part = graph.partition(gm)
         runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs), visible_outputs)
     except Exception as exc:  # a compiler bug must not break the user's program: ATen runs it
-        if strict():
+        if config.strict():
             raise
         part = graph.Partition([], {}, {n: "" for n in gm.graph.nodes}, [])
         runner = runtime.GraphRunner.build(gm, part, False)
@@ -260,11 +260,6 @@ def _cuda_device(example_inputs) -> int | None:
         if isinstance(t, torch.Tensor) and t.get_device() >= 0:
             return t.get_device()
     return None
-
-
-def strict() -> bool:
-    """KERNELAB_STRICT=1: compiler errors raise instead of falling back to ATen (the tests set it)."""
-    return os.environ.get("KERNELAB_STRICT", "0") == "1"
 
 
 def _any_cpu(example_inputs) -> bool:

@@ -24,11 +24,11 @@ Asked for by ``mode="reduce-overhead"``, ``options={"cudagraphs": True}`` or KER
 """
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 
+from .. import config
 from ..errors import KernelabCudaGraphWarning, KernelabError
 
 __all__ = ["requested", "Pairing", "wrap", "KernelabCudaGraphWarning"]
@@ -55,7 +55,7 @@ def requested(mode: str | None = None, options: dict | None = None) -> bool:
             raise KernelabError(f"backend='kernelab': options['cudagraphs'] must be True or False, "
                                 f"not {options['cudagraphs']!r}")
         return options["cudagraphs"]
-    return _MODES[mode] or os.environ.get("KERNELAB_CUDAGRAPHS", "0") == "1"
+    return _MODES[mode] or config.cudagraphs()
 
 
 class Pairing:

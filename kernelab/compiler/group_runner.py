@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from ..launch import StaticLauncher, enabled as launch_enabled, hooked, specialization
+from .. import config
+from ..errors import KernelabFallbackWarning
+from ..launch import StaticLauncher, current_stream as launch_stream, enabled as launch_enabled, hooked, specialization
 from ..report import debug_level
 from . import codegen, fusion, layout, ops_table
 from .eventlog import record_fallback, record_launch
@@ -42,12 +44,7 @@ VAR_PERSISTENT_MAX = 4096
 def persistent_max() -> int:
     """The longest row kept in registers on a GPU: ``PERSISTENT_MAX["gpu"]``, or
     ``KERNELAB_PERSISTENT_MAX`` (a power of two; shorter sends more rows to the looped template)."""
-    value = os.environ.get("KERNELAB_PERSISTENT_MAX", "")
-    if not value:
-        return PERSISTENT_MAX["gpu"]
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"KERNELAB_PERSISTENT_MAX must be a positive integer, got {value!r}")
-    return int(value)
+    return config.persistent_max(PERSISTENT_MAX["gpu"])
 
 
 #: Launch options in a call's meta that are not kernel parameters.
@@ -373,10 +370,7 @@ class GroupRunner:
             return None
 
     def refuse(self, exc: Exception) -> None:
-        from ..errors import KernelabFallbackWarning
-        from .backend import strict
-
-        if strict():
+        if config.strict():
             raise exc
         record_fallback("group", self.group.name, f"{type(exc).__name__}: {exc}")
         warnings.warn(f"kernelab: {self.group.name} runs as ATen ops: its kernel failed to build or launch "
@@ -547,14 +541,12 @@ class GroupRunner:
 
 
 def current_stream(device) -> int:
-    """The current CUDA stream's handle (the raw-handle call Triton's launcher also uses is much
-    cheaper than a Stream object); 0 off CUDA, or if neither answers (then streams share one set)."""
+    """The current CUDA stream's handle on ``device`` (``launch.current_stream``: the raw handle
+    Triton's launcher uses); 0 off CUDA, or if it does not answer (then streams share one set)."""
     if device.type != "cuda":
         return 0
     try:
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return raw(index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+        return launch_stream(device.index if device.index is not None else torch.cuda.current_device())
     except Exception:  # noqa: BLE001 - a counter set shared by streams is the old behaviour, not an error
         return 0
 

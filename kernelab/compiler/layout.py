@@ -22,12 +22,12 @@ into one dim) or when an op reads its storage by explicit strides (``as_strided`
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 
+from .. import config
 from . import fusion
 
 __all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "PAD_N", "MATMULS", "padded_cols", "pads_columns", "Padding", "plan",
@@ -350,7 +350,7 @@ def traced_layout(value: torch.Tensor, node: fx.Node) -> torch.Tensor:
 
 def enabled() -> bool:
     """Padded rows around matrix products (``py``); ``KERNELAB_PAD=0`` turns them off."""
-    return os.environ.get("KERNELAB_PAD", "1") != "0"
+    return config.pad()
 
 
 def _has_room(t: torch.Tensor, n_pad: int) -> bool:

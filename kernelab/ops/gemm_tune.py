@@ -25,10 +25,11 @@ from pathlib import Path
 import torch
 import triton
 
+from .. import config
 from ..hardware import cache_root, slug
 
 #: Tune shapes on their first call (default: the first candidate of the shape's class).
-TUNE = os.environ.get("KERNELAB_GEMM_TUNE", "") == "1"
+TUNE = config.gemm_tune()
 
 _CHOSEN: dict = {}   # (device, key) -> the chosen config (host time per call: one lookup)
 _FILES: dict = {}    # file -> its entries, read once per process

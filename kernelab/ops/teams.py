@@ -37,14 +37,14 @@ compiled for sm_90 on CPU by ``tests/ops/test_sm90_compile.py``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ..launch import _current_stream
+from .. import config
+from ..launch import current_stream
 from . import _common
 
 #: Elements of a row per member, warps per member and members per SM, by kernel kind. Forward
@@ -60,7 +60,7 @@ ENABLED = True
 
 def enabled() -> bool:
     """Team kernels may run (not under the interpreter; ``KERNELAB_TEAMS=0`` turns them off)."""
-    return ENABLED and not _common.INTERPRETED and os.environ.get("KERNELAB_TEAMS", "1") != "0"
+    return ENABLED and not _common.INTERPRETED and config.teams()
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def buffers(device: torch.device, p: Plan) -> tuple[torch.Tensor, torch.Tensor, 
     """
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (index, _current_stream(index))
+        key = (index, current_stream(index))
     else:  # a compile-only run (tests/ops/sm90.py) records launches on CPU tensors
         key = (str(device), None)
     need = p.teams * 4 * p.team_p2

@@ -1,0 +1,94 @@
+"""Every ``KERNELAB_*`` environment setting, read in this one module.
+
+Each is read when its function is called (not at import), so a test or a script may set it just
+before the call that reads it. Triton's own ``TRITON_INTERPRET`` is Triton's: see
+``compiler/group_runner.interpreted``.
+
+| variable | default | effect |
+| --- | --- | --- |
+| KERNELAB_DEBUG | 0 | compiler: 1 a line per graph, 2 every group and refusal, 3 the generated sources |
+| KERNELAB_STRICT | 0 | 1: where the compiler would fall back to ATen, raise instead |
+| KERNELAB_CUDAGRAPHS | 0 | 1: compiled graphs replayed as CUDA graphs, as ``mode="reduce-overhead"`` |
+| KERNELAB_DIRECT_LAUNCH | 1 | 0: every launch through ``kernel[grid](...)`` instead of a bound launcher |
+| KERNELAB_STATIC_LAUNCH | 1 | 0: bind Triton's own launcher instead of torch's precompiled one |
+| KERNELAB_DIRECT_CALL | 1 | 0: keep aot_autograd's runtime wrapper around inference graphs needing none |
+| KERNELAB_PERSISTENT_MAX | 8192 | longest row a compiled row reduction keeps in registers on a GPU |
+| KERNELAB_PAD | 1 | 0: no padded rows around the compiler's matrix products |
+| KERNELAB_TEAMS | 1 | 0: long rows of the norms take the two-pass kernels instead of teams |
+| KERNELAB_GEMM_TUNE | 0 | 1: ``kernelab.ops`` matmuls tune each new shape on its first call |
+| KERNELAB_CACHE | ~/.cache/kernelab | where measured and generated files are kept |
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["debug_level", "strict", "cudagraphs", "direct_launch", "static_launch", "direct_call",
+           "persistent_max", "pad", "teams", "gemm_tune", "cache_root"]
+
+
+def _flag(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def debug_level() -> int:
+    """KERNELAB_DEBUG=1..3 (anything else: 0)."""
+    try:
+        return int(_flag("KERNELAB_DEBUG", "0"))
+    except ValueError:
+        return 0
+
+
+def strict() -> bool:
+    """KERNELAB_STRICT=1: compiler errors raise instead of falling back to ATen (the tests set it)."""
+    return _flag("KERNELAB_STRICT", "0") == "1"
+
+
+def cudagraphs() -> bool:
+    """KERNELAB_CUDAGRAPHS=1: CUDA graphs for compiled graphs where no mode or option says otherwise."""
+    return _flag("KERNELAB_CUDAGRAPHS", "0") == "1"
+
+
+def direct_launch() -> bool:
+    """Direct launches (a bound launcher per cached call); KERNELAB_DIRECT_LAUNCH=0 turns them off."""
+    return _flag("KERNELAB_DIRECT_LAUNCH", "1") != "0"
+
+
+def static_launch() -> bool:
+    """torch's precompiled launcher for Triton binaries; KERNELAB_STATIC_LAUNCH=0 turns it off."""
+    return _flag("KERNELAB_STATIC_LAUNCH", "1") != "0"
+
+
+def direct_call() -> bool:
+    """KERNELAB_DIRECT_CALL=0 keeps aot_autograd's runtime wrapper around every inference graph."""
+    return _flag("KERNELAB_DIRECT_CALL", "1") != "0"
+
+
+def persistent_max(default: int) -> int:
+    """KERNELAB_PERSISTENT_MAX (a positive integer), else ``default``."""
+    value = _flag("KERNELAB_PERSISTENT_MAX", "")
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"KERNELAB_PERSISTENT_MAX must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def pad() -> bool:
+    """Padded rows around the compiler's matrix products; KERNELAB_PAD=0 turns them off."""
+    return _flag("KERNELAB_PAD", "1") != "0"
+
+
+def teams() -> bool:
+    """The norms' team kernels for long rows; KERNELAB_TEAMS=0 turns them off."""
+    return _flag("KERNELAB_TEAMS", "1") != "0"
+
+
+def gemm_tune() -> bool:
+    """KERNELAB_GEMM_TUNE=1: tune each new matmul shape on its first call."""
+    return _flag("KERNELAB_GEMM_TUNE", "") == "1"
+
+
+def cache_root() -> Path:
+    """``$KERNELAB_CACHE``, default ``~/.cache/kernelab``."""
+    return Path(_flag("KERNELAB_CACHE", "") or Path.home() / ".cache" / "kernelab")

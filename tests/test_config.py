@@ -1,0 +1,62 @@
+"""``kernelab/config.py`` is the one home of the KERNELAB_* environment settings: every one is read
+there, at call time, and listed in its table."""
+import re
+from pathlib import Path
+
+import pytest
+
+from kernelab import config
+
+PACKAGE = Path(config.__file__).parent
+
+
+def test_no_other_module_reads_a_kernelab_setting():
+    readers = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "config.py":
+            continue
+        text = path.read_text()
+        if re.search(r"(environ|getenv)[^\n]*KERNELAB_", text):
+            readers.append(str(path.relative_to(PACKAGE)))
+    assert readers == [], f"read KERNELAB_* outside config.py: {readers}"
+
+
+def test_every_setting_read_is_in_the_table():
+    source = Path(config.__file__).read_text()
+    doc = config.__doc__
+    read = set(re.findall(r'_flag\("(KERNELAB_[A-Z_]+)"', source))
+    listed = set(re.findall(r"^\| (KERNELAB_[A-Z_]+) \|", doc, re.M))
+    assert read and read == listed
+
+
+@pytest.mark.parametrize("name, fn, value, want", [
+    ("KERNELAB_DEBUG", config.debug_level, "2", 2),
+    ("KERNELAB_DEBUG", config.debug_level, "x", 0),
+    ("KERNELAB_STRICT", config.strict, "1", True),
+    ("KERNELAB_CUDAGRAPHS", config.cudagraphs, "1", True),
+    ("KERNELAB_DIRECT_LAUNCH", config.direct_launch, "0", False),
+    ("KERNELAB_STATIC_LAUNCH", config.static_launch, "0", False),
+    ("KERNELAB_DIRECT_CALL", config.direct_call, "0", False),
+    ("KERNELAB_PAD", config.pad, "0", False),
+    ("KERNELAB_TEAMS", config.teams, "0", False),
+    ("KERNELAB_GEMM_TUNE", config.gemm_tune, "1", True),
+])
+def test_read_at_call_time(monkeypatch, name, fn, value, want):
+    monkeypatch.delenv(name, raising=False)
+    default = fn()
+    monkeypatch.setenv(name, value)
+    assert fn() == want
+    monkeypatch.delenv(name)
+    assert fn() == default
+
+
+def test_persistent_max_and_cache_root(monkeypatch, tmp_path):
+    monkeypatch.delenv("KERNELAB_PERSISTENT_MAX", raising=False)
+    assert config.persistent_max(8192) == 8192
+    monkeypatch.setenv("KERNELAB_PERSISTENT_MAX", "1024")
+    assert config.persistent_max(8192) == 1024
+    monkeypatch.setenv("KERNELAB_PERSISTENT_MAX", "-3")
+    with pytest.raises(ValueError, match="positive integer"):
+        config.persistent_max(8192)
+    monkeypatch.setenv("KERNELAB_CACHE", str(tmp_path))
+    assert config.cache_root() == tmp_path
