@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
 import kernelab.compiler as klc  # noqa: E402
-from kernelab.compiler import group_runner as runtime  # noqa: E402
+from kernelab.compiler.tiling import ColumnTiling, Tiling  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from compiler_suite import env_row  # noqa: E402
@@ -63,24 +63,14 @@ def fn(x, y):
     return (x * y).sum(0)
 
 
-def patched(cblock, elems, warps, min_tiles, per_sm=2):
-    def column_launch(self, rows, n_cols, device):
-        cb = min(runtime.pow2(n_cols), cblock)
-        xb = min(runtime.pow2(rows), max(1, elems // cb))
-        col_blocks = (n_cols + cb - 1) // cb
-        tiles = (rows + xb - 1) // xb
-        programs = per_sm * runtime.sm_count(device)
-        splits = max(1, min((programs + col_blocks - 1) // col_blocks, tiles // min_tiles))
-        per = (tiles + splits - 1) // splits
-        splits = (tiles + per - 1) // per
-        return runtime.Launch(0, True, {"XBLOCK": xb, "CBLOCK": cb, "splits": splits, "tiles": per}, warps, False)
-    return column_launch
+def tiling(cblock, elems, warps, min_tiles, per_sm=2) -> Tiling:
+    """The grid point as the compiler's launch data (``kernelab/compiler/tiling.py``)."""
+    return Tiling(columns=ColumnTiling.uniform(cblock, elems, warps, min_tiles, per_sm))
 
 
 def main():
     out = gpu_out_dir(__doc__)
     torch._dynamo.config.cache_size_limit = 1024
-    original = runtime.GroupRunner.column_launch
     rows = []
     for shape in SHAPES:
         x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
@@ -98,15 +88,13 @@ def main():
         rows.append({"shape": "x".join(map(str, shape)), "config": "aten_sum", "us": aten_us,
                      "tbps": nbytes / aten_us / 1e6, "ok": True})
         for cb, el, w, mt, ps in itertools.product(CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES, PER_SM):
-            runtime.GroupRunner.column_launch = patched(cb, el, w, mt, ps)
             torch._dynamo.reset()
-            f = klc.compile(fn)
+            f = klc.compile(fn, options={"tiling": tiling(cb, el, w, mt, ps)})
             got = f(x, y)
             ok = bool(torch.allclose(got.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item()))
             us = bench_us(lambda: f(x, y))
             rows.append({"shape": "x".join(map(str, shape)), "config": f"c{cb}_e{el}_w{w}_t{mt}" + (f"_p{ps}" if len(PER_SM) > 1 else ""), "us": us,
                          "tbps": nbytes / us / 1e6, "ok": ok})
-        runtime.GroupRunner.column_launch = original
     env = env_row(torch.device("cuda"))
     name = ("column_tune" + ("" if GRID == "default" else f"_{GRID}") + ("_cudagraph" if TIMER == "cudagraph" else "")
             + ".csv")

@@ -67,9 +67,9 @@ def compile(fn, **kwargs):  # noqa: A001 - mirrors torch.compile
     """``torch.compile(fn, backend="kernelab", **kwargs)``; ``mode="reduce-overhead"``: CUDA graphs."""
     import torch
 
-    from .cudagraphs import requested
+    from .options import parse
 
-    requested(kwargs.get("mode"), kwargs.get("options"))  # a mode or option kernelab lacks: raised here, not at the call
+    parse(kwargs.get("mode"), kwargs.get("options"))  # a mode or option kernelab lacks: raised here, not at the call
     register()
     return torch.compile(fn, backend=BACKEND_NAME, **kwargs)
 

@@ -74,8 +74,9 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from . import cudagraphs
+    from .options import parse
 
-    use_graphs = cudagraphs.requested(mode, options)  # a mode or option we lack raises here
+    opts = parse(mode, options)  # a mode or option we lack raises here
     pairing = cudagraphs.Pairing()
     direct = []  # the inference graph's own call, where aot_autograd's runtime wrapper has no work
     autocast = torch._C._is_any_autocast_enabled()  # aot_autograd turns it off around the compilers
@@ -86,11 +87,11 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
             if recorder is not None:
                 recorder.suppress += 1  # tracing runs ops too: none of them is a kernel of the call
             try:
-                call = compile_graph(fx_gm, inputs, kind, _visible_outputs(kind))
+                call = compile_graph(fx_gm, inputs, kind, _visible_outputs(kind), opts.tiling)
             finally:
                 if recorder is not None:
                     recorder.suppress -= 1
-            if use_graphs:  # the replayed graph gets aot_autograd's wrapper: it has the work of output aliasing
+            if opts.cudagraphs:  # the replayed graph gets aot_autograd's wrapper: it has the work of output aliasing
                 call, call.plan.cudagraphs = cudagraphs.wrap(call, fx_gm, inputs, kind, pairing)
                 if _debug() >= 1:
                     print(f"kernelab {kind} graph: CUDA graph {call.plan.cudagraphs}", file=sys.stderr)
@@ -198,16 +199,17 @@ def _visible_outputs(kind: str) -> int | None:
         return None
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_outputs: int | None = None):
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_outputs: int | None = None,
+                  tiling=None):
     """Partition one ATen graph and return its boxed callable. ``visible_outputs``: see
-    ``runtime.GraphRunner.visible_outputs``."""
+    ``runtime.GraphRunner.visible_outputs``; ``tiling``: the launch heuristics (``tiling.py``)."""
     from . import graph, plan, runtime
 
     runnable, why = _can_run(example_inputs, gm)  # may import triton: a once-per-process cost
     t0 = time.perf_counter()
     try:
         part = graph.partition(gm)
-        runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs), visible_outputs)
+        runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs), visible_outputs, tiling)
     except Exception as exc:  # a compiler bug must not break the user's program: ATen runs it
         if config.strict():
             raise

@@ -20,7 +20,8 @@ CUDA graph cannot hold it: tensors off one CUDA device, an op that synchronizes 
 has data-dependent shapes, an input other than a parameter or buffer mutated in place, or a
 backward whose forward was not recorded.
 
-Asked for by ``mode="reduce-overhead"``, ``options={"cudagraphs": True}`` or KERNELAB_CUDAGRAPHS=1.
+Asked for by ``mode="reduce-overhead"``, ``options={"cudagraphs": True}`` or KERNELAB_CUDAGRAPHS=1
+(``options.py`` parses them).
 """
 from __future__ import annotations
 
@@ -28,35 +29,9 @@ import warnings
 
 import torch
 
-from .. import config
-from ..errors import KernelabCudaGraphWarning, KernelabError
+from ..errors import KernelabCudaGraphWarning
 
-__all__ = ["requested", "Pairing", "wrap", "KernelabCudaGraphWarning"]
-
-#: torch.compile's modes, and whether each asks for CUDA graphs. "max-autotune" (Inductor's kernel
-#: search plus CUDA graphs) is refused: kernelab does not search kernels by timing at compile time.
-_MODES = {None: False, "default": False, "reduce-overhead": True, "max-autotune-no-cudagraphs": False}
-_OPTIONS = ("cudagraphs",)
-
-
-def requested(mode: str | None = None, options: dict | None = None) -> bool:
-    """Whether CUDA graphs are asked for, from torch.compile's ``mode`` and ``options`` and the
-    environment. Raises KernelabError on a mode or option kernelab does not have."""
-    if mode not in _MODES:
-        raise KernelabError(f"backend='kernelab' has no mode {mode!r}: use 'default' or 'reduce-overhead' "
-                            f"(CUDA graphs)")
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise KernelabError(f"backend='kernelab' has no option {', '.join(map(repr, unknown))}: its options "
-                            f"are {', '.join(map(repr, _OPTIONS))}")
-    if "cudagraphs" in options:
-        if not isinstance(options["cudagraphs"], bool):
-            raise KernelabError(f"backend='kernelab': options['cudagraphs'] must be True or False, "
-                                f"not {options['cudagraphs']!r}")
-        return options["cudagraphs"]
-    return _MODES[mode] or config.cudagraphs()
-
+__all__ = ["Pairing", "wrap"]
 
 class Pairing:
     """What a forward's wrapping tells its backward (one per dynamo graph): whether the forward was

@@ -27,9 +27,10 @@ from ..report import debug_level
 from . import codegen, fusion, layout, ops_table
 from .eventlog import record_fallback, record_launch
 from .kcache import cache_dir, kernel_module
+from .tiling import DEFAULT as DEFAULT_TILING, Tiling
 
 __all__ = ["GroupRunner", "Launch", "Call", "run_reference", "call_node", "lookup", "interpreted",
-           "persistent_max", "PERSISTENT_MAX", "VAR_PERSISTENT_MAX", "INT32_MAX", "pow2", "sm_count"]
+           "persistent_max", "PERSISTENT_MAX", "INT32_MAX", "pow2", "sm_count"]
 
 
 INT32_MAX = 2**31 - 1
@@ -37,8 +38,6 @@ META = torch.device("meta")
 # Longest row (a power of two) kept in registers by one block. Interpreted: 4096, so that the
 # tests' 4097-long rows take the looped path.
 PERSISTENT_MAX = {"gpu": 8192, "interpreter": 4096}
-#: Longest row kept in registers on a GPU when the group takes a variance (see reduction_launch).
-VAR_PERSISTENT_MAX = 4096
 
 
 def persistent_max() -> int:
@@ -280,6 +279,8 @@ class GroupRunner:
     #: allocate a column reduction's arrival counters per call instead of once: a CUDA graph's
     #: memory pool must hold nothing between calls that the graph does not return (the trees check)
     transient_scratch: bool = False
+    #: the launch heuristics' data (``tiling.py``; a tuning script passes its own)
+    tiling: Tiling = DEFAULT_TILING
 
     def __post_init__(self):
         self.loads = codegen.loads_of(self.group) if self.group is not None else []
@@ -460,8 +461,10 @@ class GroupRunner:
 
     def reduction_launch(self, sizes, strides, rows, n_cols, ins) -> Launch:
         rblock = pow2(n_cols)
-        persistent = rblock <= (PERSISTENT_MAX["interpreter"] if self.interpret else persistent_max())
-        if persistent and not self.interpret and rblock > VAR_PERSISTENT_MAX and self.has_var():
+        rows_tiling = self.tiling.rows
+        persistent = rblock <= (PERSISTENT_MAX["interpreter"] if self.interpret else persistent_max()) and \
+            (self.interpret or not rows_tiling.looped)
+        if persistent and not self.interpret and rblock > rows_tiling.var_persistent_max and self.has_var():
             # a variance over a long row keeps the row and its deviations live: the layer norm
             # kernel over rows of 8192 needs 85 registers a thread at 16 warps (one program per
             # SM). Looped (three passes, the re-reads from L2), 16384x8192 bf16 went from 0.174 to
@@ -477,7 +480,7 @@ class GroupRunner:
         # rows (longer than 8192) keep 8 per thread: measured at 1.1x Inductor on 1024x32768
         budget = (1 << 16) if self.interpret else (2048 if persistent else rblock)
         xblock = max(1, min(pow2(rows), budget // rblock))
-        per_warp = 32 * (16 if persistent else 8)
+        per_warp = 32 * (rows_tiling.per_thread if persistent else rows_tiling.looped_per_thread)
         warps = 1 if self.interpret else max(1, min(16, xblock * rblock // per_warp))
         span = rows * n_cols
         int64 = span > INT32_MAX or any(
@@ -527,15 +530,17 @@ class GroupRunner:
         8 warps, 8 elements per thread, the best of those holding at most 16 per thread."""
         light = sum(1 for n in self.group.nodes if self.group.roles[n] == "full") <= 2 and \
             sum(1 for n in self.group.nodes if fusion.is_reduction(n)) == 1
-        cblock = min(pow2(n_cols), 16 if self.interpret else 32)
-        xblock = min(pow2(rows), (256 if self.interpret else (8192 if light else 2048)) // cblock)
+        t = self.tiling.columns
+        cblock = min(pow2(n_cols), 16 if self.interpret else t.cblock)
+        elems = 256 if self.interpret else (t.light_elems if light else t.heavy_elems)
+        xblock = min(pow2(rows), max(1, elems // cblock))
         col_blocks = (n_cols + cblock - 1) // cblock
         tiles = (rows + xblock - 1) // xblock
-        programs = 4 if self.interpret else 2 * sm_count(device)
-        splits = max(1, min((programs + col_blocks - 1) // col_blocks, tiles // (1 if self.interpret else 2)))
+        programs = 4 if self.interpret else t.programs_per_sm * sm_count(device)
+        splits = max(1, min((programs + col_blocks - 1) // col_blocks, tiles // (1 if self.interpret else t.min_tiles)))
         per_split = (tiles + splits - 1) // splits
         splits = (tiles + per_split - 1) // per_split
-        warps = 1 if self.interpret else (4 if light else 8)
+        warps = 1 if self.interpret else (t.light_warps if light else t.heavy_warps)
         return Launch(0, True, {"XBLOCK": xblock, "CBLOCK": cblock, "splits": splits, "tiles": per_split},
                        warps, False)
 

@@ -16,6 +16,7 @@ import torch.fx as fx
 from . import fusion, layout, scatter
 from .kcache import cache_dir, kernel_module
 from .group_runner import GroupRunner, call_node, interpreted, lookup, run_reference
+from .tiling import DEFAULT as DEFAULT_TILING, Tiling
 from .views import nodes_in, view_chains
 
 __all__ = ["GraphRunner", "kernel_module", "cache_dir", "interpreted", "run_reference"]
@@ -48,8 +49,9 @@ class GraphRunner:
     padding: layout.Padding = field(default_factory=layout.Padding)
 
     @classmethod
-    def build(cls, gm: fx.GraphModule, part, interpret: bool, visible_outputs: int | None = None) -> "GraphRunner":
-        runners = {id(g): GroupRunner(g, interpret) for g in part.groups}
+    def build(cls, gm: fx.GraphModule, part, interpret: bool, visible_outputs: int | None = None,
+              tiling: Tiling | None = None) -> "GraphRunner":
+        runners = {id(g): GroupRunner(g, interpret, tiling=tiling or DEFAULT_TILING) for g in part.groups}
         steps = _schedule(gm, part, runners)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         attrs = {n: _fetch_attr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import kernelab.compiler as kc
-from kernelab.compiler.cudagraphs import KernelabCudaGraphWarning, requested
-from kernelab.errors import KernelabError
+from kernelab.compiler.options import parse
+from kernelab.errors import KernelabCudaGraphWarning, KernelabError
 
 
 @pytest.fixture(autouse=True)
@@ -28,9 +28,9 @@ def _fresh():
     ("reduce-overhead", {"cudagraphs": False}, "0", False),  # the explicit option wins
     (None, None, "1", True),  # KERNELAB_CUDAGRAPHS=1
 ])
-def test_requested(monkeypatch, mode, options, env, want):
+def test_cudagraphs_requested(monkeypatch, mode, options, env, want):
     monkeypatch.setenv("KERNELAB_CUDAGRAPHS", env)
-    assert requested(mode, options) is want
+    assert parse(mode, options).cudagraphs is want
 
 
 @pytest.mark.parametrize("kwargs, says", [

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import kernelab.compiler as kc
-from kernelab.compiler.cudagraphs import KernelabCudaGraphWarning
+from kernelab.errors import KernelabCudaGraphWarning
 from kernelab.compiler.group_runner import interpreted
 
 pytestmark = pytest.mark.skipif(interpreted() or not torch.cuda.is_available(),
