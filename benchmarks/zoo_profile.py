@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where a zoo model's step spends its GPU time, per compiler: the top kernels by total CUDA time.
 
-    python benchmarks/zoo_profile.py OUT_DIR gpt2:infer llama:train [--modes inductor,kernelab] [--top 15] [--memory] [--cprofile]
+    python benchmarks/zoo_profile.py OUT_DIR gpt2:infer llama:train [--modes inductor,kernelab] [--top 15] [--memory] [--cprofile] [--loss-fn]
 
 Modes: eager, inductor, kernelab, and inductor-cg / kernelab-cg (``mode="reduce-overhead"``: CUDA graphs).
 
@@ -27,14 +27,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _step(zm, model, inputs, kind):
-    torch.compiler.cudagraph_mark_step_begin()  # a new step for CUDA graph modes (no-op otherwise)
-    if kind == "train":
-        model.zero_grad(set_to_none=True)
-        zm.loss(model, inputs).backward()
-    else:
-        with torch.no_grad():
-            zm.forward(model, inputs)
+def _stepper(zm, model, target, inputs, kind, loss_fn: bool):
+    """One step as a call: train (grads set to None, loss, backward) or infer (no_grad forward).
+    ``loss_fn``: ``target`` is the compiled loss function (what models.py compiles: the model's
+    other outputs, such as logits, are not returned), else the compiled model."""
+    def step():
+        torch.compiler.cudagraph_mark_step_begin()  # a new step for CUDA graph modes (no-op otherwise)
+        if kind == "train":
+            model.zero_grad(set_to_none=True)
+            (target(inputs) if loss_fn else zm.loss(target, inputs)).backward()
+        else:
+            with torch.no_grad():
+                target(inputs) if loss_fn else zm.forward(target, inputs)
+    return step
 
 
 def _frame_of(frames: list[dict]) -> str:
@@ -77,12 +82,12 @@ def _live_at_peak(snapshot: dict, top: int) -> list[str]:
     return lines
 
 
-def _memory_lines(zm, target, inputs, kind, top: int) -> list[str]:
+def _memory_lines(step, top: int) -> list[str]:
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated() / 2**30
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     try:
-        _step(zm, target, inputs, kind)
+        step()
         torch.cuda.synchronize()
         snapshot = torch.cuda.memory._snapshot()
     finally:
@@ -90,7 +95,7 @@ def _memory_lines(zm, target, inputs, kind, top: int) -> list[str]:
     return [f"  allocated before the step: {before:.2f} GiB"] + _live_at_peak(snapshot, top)
 
 
-def _host_and_wall(zm, target, inputs, kind, steps: int = 10) -> tuple[list[float], list[float]]:
+def _host_and_wall(step, steps: int = 10) -> tuple[list[float], list[float]]:
     """Host times to return from a step (every kernel launched, none waited for) and wall times of
     the step (synchronized), in ms: a host time near the wall time means a host-bound step."""
     import time
@@ -99,7 +104,7 @@ def _host_and_wall(zm, target, inputs, kind, steps: int = 10) -> tuple[list[floa
     for _ in range(steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        _step(zm, target, inputs, kind)
+        step()
         t1 = time.perf_counter()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
@@ -131,7 +136,7 @@ def _area(filename: str, function: str) -> str:
     return "model and benchmark code"
 
 
-def _host_profile(zm, target, inputs, kind, top: int, out: Path | None = None, steps: int = 5) -> list[str]:
+def _host_profile(step, top: int, out: Path | None = None, steps: int = 5) -> list[str]:
     """cProfile of ``steps`` steps' host side: the time per step by area of the stack, then the
     Python functions that took the most time of their own. Saves the raw profile under ``out``."""
     import cProfile
@@ -142,7 +147,7 @@ def _host_profile(zm, target, inputs, kind, top: int, out: Path | None = None, s
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
-        _step(zm, target, inputs, kind)
+        step()
     prof.disable()
     torch.cuda.synchronize()
     stats = pstats.Stats(prof)
@@ -164,7 +169,7 @@ def _host_profile(zm, target, inputs, kind, top: int, out: Path | None = None, s
 
 
 def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False, cprofile: bool = False,
-                out: Path | None = None) -> list[str]:
+                out: Path | None = None, loss_fn: bool = False) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
     import kernelab.compiler  # noqa: F401 - registers backend="kernelab"
@@ -175,17 +180,19 @@ def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False,
     if kind == "infer":
         model.eval()
     torch._dynamo.reset()
-    target = model if mode == "eager" else torch.compile(
-        model, backend="kernelab" if mode.startswith("kernelab") else "inductor",
+    fn = (lambda inp: zm.loss(model, inp) if kind == "train" else zm.forward(model, inp)) if loss_fn else model
+    target = fn if mode == "eager" else torch.compile(
+        fn, backend="kernelab" if mode.startswith("kernelab") else "inductor",
         **({"mode": "reduce-overhead"} if mode.endswith("-cg") else {}))  # -cg: CUDA graphs
+    step = _stepper(zm, model, target, inputs, kind, loss_fn)
     for _ in range(2):
-        _step(zm, target, inputs, kind)
-    host, wall = _host_and_wall(zm, target, inputs, kind)
+        step()
+    host, wall = _host_and_wall(step)
     host_ms, wall_ms = statistics.median(host), statistics.median(wall)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _step(zm, target, inputs, kind)
+        step()
         torch.cuda.synchronize()
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.device_time_total for e in events) / 1e3
@@ -198,9 +205,9 @@ def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False,
         ms = e.device_time_total / 1e3
         lines.append(f"  {ms:8.3f} ms {100 * ms / max(total, 1e-9):5.1f}% x{e.count:<4d} {e.key[:110]}")
     if memory:
-        lines += _memory_lines(zm, target, inputs, kind, top)
+        lines += _memory_lines(step, top)
     if cprofile:
-        lines += _host_profile(zm, target, inputs, kind, top,
+        lines += _host_profile(step, top,
                                out / f"host_{name}_{kind}_{mode}.pstats" if out is not None else None)
     del model, target
     torch.cuda.empty_cache()
@@ -215,6 +222,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--memory", action="store_true", help="list the allocations live at the step's peak")
     parser.add_argument("--cprofile", action="store_true", help="the host's Python functions by own time, one step")
+    parser.add_argument("--loss-fn", action="store_true",
+                        help="compile the loss function as models.py does (logits not returned), not the model")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("zoo_profile.py: needs a CUDA GPU (run it on the device machine)")
@@ -224,7 +233,8 @@ def main() -> None:
         name, _, kind = target.partition(":")
         for mode in args.modes.split(","):
             try:
-                lines = profile_one(name, kind or "train", mode, args.top, args.memory, args.cprofile, args.out)
+                lines = profile_one(name, kind or "train", mode, args.top, args.memory, args.cprofile, args.out,
+                                    args.loss_fn)
             except Exception as exc:  # noqa: BLE001 - one failure must not end the run
                 lines = [f"== {name} {kind} {mode}: failed: {type(exc).__name__}: {exc}"]
             print("\n".join(lines), flush=True)

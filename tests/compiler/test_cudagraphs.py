@@ -108,3 +108,27 @@ def test_for_cuda_graphs_keeps_no_column_counters_between_calls():
     calls = [c for gr in call.runner.group_runners for c in gr.calls.values() if c is not None]
     assert any(c.col_blocks for c in calls), "no column reduction ran: the test checks nothing"
     assert all(c.transient and not c.counters for c in calls if c.col_blocks)
+
+
+def test_a_zoo_model_asked_for_cuda_graphs_on_cpu_trains_as_without():
+    """Tiny GPT-2 under mode="reduce-overhead" on the CPU: every graph says why it is not recorded,
+    and the step's loss and gradients are eager's, as without the mode."""
+    pytest.importorskip("transformers")
+    from kernelab.zoo import ZOO
+    from tests.compiler.conftest import REL, gradients_off, rel_norm
+
+    zm = ZOO["gpt2"]
+    model, inputs = zm.build("tiny")
+    ref_loss = zm.loss(model, inputs)
+    ref_loss.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = zm.loss(kc.compile(model, mode="reduce-overhead"), inputs)
+        loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert rel_norm(loss.detach(), ref_loss.detach()) < REL
+    assert grads.keys() == ref.keys() and not gradients_off(grads, ref)
+    said = [str(w.message) for w in caught if issubclass(w.category, KernelabCudaGraphWarning)]
+    assert any("forward graph" in s for s in said) and any("backward graph" in s for s in said), said
