@@ -130,7 +130,7 @@ class OpTrace:
         return len(self.ops)
 
 
-class _StorageIds:
+class StorageIds:
     """Gives each storage a small stable integer; keeps the storages alive so ids never recycle.
 
     Sizes that depend on data (``x[x > 0]`` under fake tensors) are unknown: each such symbol is
@@ -204,10 +204,10 @@ def _is_view(func) -> bool:
 _CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "_addmm_activation"})
 
 
-class _Recorder(TorchDispatchMode):
+class Recorder(TorchDispatchMode):
     """Records every op; ops inside a device-specific functional call are folded into that call."""
 
-    def __init__(self, ids: _StorageIds, attributor: Attributor | None = None):
+    def __init__(self, ids: StorageIds, attributor: Attributor | None = None):
         super().__init__()
         self.ids = ids
         self.ops: list[OpRecord] = []
@@ -313,7 +313,7 @@ class _DeviceSpecificCalls(TorchFunctionMode):
     """Folds the calls in _DEVICE_SPECIFIC into one recorded op (fake capture only), and runs the
     calls in _FAKE_STAND_INS on their stand-in."""
 
-    def __init__(self, recorder: _Recorder):
+    def __init__(self, recorder: Recorder):
         super().__init__()
         self.recorder = recorder
 
@@ -417,8 +417,8 @@ def capture(target, args=(), kwargs=None, *, fake: bool = True, device=None) -> 
     path that ran it and the user's source line (see ``kernelab.attribution``).
     """
     kwargs = kwargs or {}
-    ids = _StorageIds()
-    recorder = _Recorder(ids)
+    ids = StorageIds()
+    recorder = Recorder(ids)
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -439,7 +439,7 @@ def capture(target, args=(), kwargs=None, *, fake: bool = True, device=None) -> 
         for m in modes:
             stack.enter_context(m)
         result = _call(prepared, fake)
-    outputs = _function_outputs(result, recorder, prepared, ids)
+    outputs = function_outputs(result, recorder, prepared, ids)
     trace_device = "cuda" if fake else str(device or "cpu")
     return OpTrace(recorder.ops, inputs, outputs, trace_device, dict(recorder.attributor.types))
 
@@ -463,7 +463,7 @@ def _call(prepared: Prepared, fake: bool):
             "so its kernels cannot be predicted: measure it on a GPU, or branch on shapes instead") from exc
 
 
-def _function_outputs(result, recorder, prepared, ids) -> list[TensorInfo]:
+def function_outputs(result, recorder, prepared, ids) -> list[TensorInfo]:
     """Returned tensors, inputs written in place, and gradients left in .grad."""
     outs = [ids.info(t) for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
     input_storages = {ids.info(t).storage for t in prepared.input_tensors}

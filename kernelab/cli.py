@@ -129,11 +129,11 @@ def _add_bench(sub) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _modes(args) -> tuple[str, ...]:
+def requested_modes(args) -> tuple[str, ...]:
     return tuple(dict.fromkeys(args.mode or ("eager", "inductor")))
 
 
-def _predict_flag(args):
+def predict_flag(args):
     return True if args.predict else None
 
 
@@ -267,13 +267,13 @@ def _give_up(limit: float) -> None:
     os._exit(EXIT_USAGE)
 
 
-def _run_counts(target, inputs, args, name: str):
+def run_counts(target, inputs, args, name: str):
     """Count in every mode; failures inside the user's function become one-line errors."""
     from .api import compare
 
-    modes = _modes(args)
+    modes = requested_modes(args)
     with _counting(args, len(modes)) as timeout:
-        return compare(target, *inputs, modes=modes, predict=_predict_flag(args), profile=args.profile, name=name,
+        return compare(target, *inputs, modes=modes, predict=predict_flag(args), profile=args.profile, name=name,
                        timeout=timeout)
 
 
@@ -282,14 +282,14 @@ def cmd_count(args) -> int:
         _check_writable(path, option)
     target, module = _load(args.target)
     inputs = count_inputs(args, module)
-    comparison = _run_counts(target, inputs, args, args.target.rpartition(":")[2])
+    comparison = run_counts(target, inputs, args, args.target.rpartition(":")[2])
     console = _console()
     if args.by == "module":
         for report in comparison.reports.values():
             console.print(report.module_tree(sort=args.sort))
     else:
         console.print(comparison)
-    _write_json(args.json, comparison.to_dict())
+    write_json(args.json, comparison.to_dict())
     _write_views(args, comparison)
     return 0
 
@@ -303,7 +303,7 @@ def _write_views(args, comparison) -> None:
     if args.trace:
         from .trace import to_chrome_trace
 
-        _write_json(args.trace, to_chrome_trace(comparison))
+        write_json(args.trace, to_chrome_trace(comparison))
 
 
 def _sweep_factory(args, module):
@@ -320,16 +320,16 @@ def _sweep_factory(args, module):
     return lambda n: make_inputs(specs, n)
 
 
-def _run_sweep(target, factory, args, name):
+def run_sweep(target, factory, args, name):
     from .sweep import parse_sizes, sweep
 
     try:
         sizes = parse_sizes(args.sizes)
     except KernelabError as exc:
         raise UserError(str(exc)) from exc
-    modes = _modes(args)
+    modes = requested_modes(args)
     with _counting(args, len(sizes) * len(modes)) as timeout:
-        return sweep(target, factory, sizes, modes=modes, predict=_predict_flag(args), profile=args.profile,
+        return sweep(target, factory, sizes, modes=modes, predict=predict_flag(args), profile=args.profile,
                      name=name, timeout=timeout)
 
 
@@ -367,11 +367,11 @@ def cmd_sweep(args) -> int:
     _check_plot_path(args.out)
     _check_writable(args.json, "--json")
     target, module = _load(args.target)
-    result = _run_sweep(target, _sweep_factory(args, module), args, args.target.rpartition(":")[2])
+    result = run_sweep(target, _sweep_factory(args, module), args, args.target.rpartition(":")[2])
     console = _console()
     console.print(result.table())
     console.print(f"plot: {save_plot(result, args.out)}")
-    _write_json(args.json, {"schema_version": 1, "rows": result.to_rows()})
+    write_json(args.json, {"schema_version": 1, "rows": result.to_rows()})
     return 0
 
 
@@ -399,7 +399,7 @@ def cmd_ceilings(args) -> int:
     return 0
 
 
-def _write_json(path: str | None, payload) -> None:
+def write_json(path: str | None, payload) -> None:
     if path:
         _write_text(path, json.dumps(payload, indent=2, default=str))
 

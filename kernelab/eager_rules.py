@@ -151,7 +151,7 @@ def global_reduce(outputs: int, per_output: int, inner: bool, vec: int, ctx: Con
     return ctas > 1
 
 
-def _reduce_geometry(op: OpRecord) -> tuple[int, int, bool]:
+def reduce_geometry(op: OpRecord) -> tuple[int, int, bool]:
     """(outputs, values reduced per output, whether the reduced dims are the innermost)."""
     src = op.inputs[0]
     outputs = max((t.numel for t in op.outputs), default=1) or 1
@@ -173,7 +173,7 @@ def reduction(op, ctx):
     kernel = _kernel(op, "reduction", flops=src.numel if src else 0)
     if src is None or not op.outputs:
         return [kernel]
-    outputs, per_output, inner = _reduce_geometry(op)
+    outputs, per_output, inner = reduce_geometry(op)
     vec = 4 if src.is_contiguous else 1
     if global_reduce(outputs, per_output, inner, vec, ctx):
         return [_kernel(op, "memset", "memset (reduction semaphores)", reads=[], writes=[]), kernel]

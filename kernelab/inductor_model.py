@@ -28,7 +28,7 @@ from .attribution import unique
 from .capture import OpRecord, OpTrace, TensorInfo
 from .report import debug_level
 from .eager_rules import (
-    RULES, Context, KernelSpec, _reduce_geometry, has_bool_index, lower_eager, nothing,
+    RULES, Context, KernelSpec, has_bool_index, lower_eager, nothing, reduce_geometry,
 )
 
 EXTERN = {
@@ -224,7 +224,7 @@ def _reduction_shape(op: OpRecord) -> tuple[int, int, bool]:
         return max(src.numel // rows, 1), rows, True
     if op.packet in ("aten.nll_loss_forward", "aten.mse_loss"):
         return 1, src.shape[0] if op.packet == "aten.nll_loss_forward" else src.numel, True
-    outputs, per_output, inner = _reduce_geometry(op)
+    outputs, per_output, inner = reduce_geometry(op)
     return outputs, per_output, inner
 
 

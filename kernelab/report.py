@@ -427,7 +427,6 @@ def fmt_time(us: float | None) -> str:
     return f"{us / 1000:.3g} ms" if us >= 1000 else f"{us:.3g} µs"
 
 
-_fmt_time = fmt_time  # the name sweep.py imports
 
 
 def _fmt_num(x: float | None) -> str:

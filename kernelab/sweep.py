@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from .api import KernelabError, count, gpu_available
-from .report import Report, _fmt_time
+from .report import Report, fmt_time
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -100,7 +100,7 @@ class SweepResult:
             for mode in self.modes:
                 p = next((p for p in self.points if p.mode == mode and p.size == size), None)
                 row += ["-", "-", "-"] if p is None else [
-                    _fmt_time(p.time_us), str(p.report.num_kernels), f"{p.report.transfers:.3g}"]
+                    fmt_time(p.time_us), str(p.report.num_kernels), f"{p.report.transfers:.3g}"]
             table.add_row(*row)
         table.caption = self.crossover_line()
         return table

@@ -26,7 +26,7 @@ def _tour_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def run_tour(args, console) -> int:
     from rich.panel import Panel
 
-    from .cli import UserError, _modes, _predict_flag, _run_counts, _run_sweep, _write_json, save_plot
+    from .cli import UserError, predict_flag, requested_modes, run_counts, run_sweep, save_plot, write_json
 
     measured = torch.cuda.is_available() and not args.predict
     where = torch.cuda.get_device_name() if measured else f"the {args.profile} profile (no GPU here: predicted)"
@@ -34,18 +34,18 @@ def run_tour(args, console) -> int:
         f"[bold]What exactly is a kernel?[/bold]  The tutorial's function, counted on {where}:\n\n"
         + inspect.getsource(add_relu).strip(),
         title="kernelab tour", expand=False))
-    comparison = _run_counts(add_relu, _tour_inputs(TOUR_SIZE), args, "add_relu")
+    comparison = run_counts(add_relu, _tour_inputs(TOUR_SIZE), args, "add_relu")
     console.print(comparison)
     eager = comparison.reports.get("eager")
     if eager is not None:
         console.print(_explain(eager))
     console.print(f"\n[bold]Sweep[/bold] n = {args.sizes}: where does fusion start to pay?")
-    result = _run_sweep(add_relu, _tour_inputs, args, "add_relu")
+    result = run_sweep(add_relu, _tour_inputs, args, "add_relu")
     console.print(result.table())
     console.print(f"plot: {save_plot(result, args.out)}")
     if args.json:
-        _write_json(args.json, {"schema_version": 1, "count": comparison.to_dict(), "sweep": result.to_rows()})
-    if "eager" in _modes(args) and eager is None:
+        write_json(args.json, {"schema_version": 1, "count": comparison.to_dict(), "sweep": result.to_rows()})
+    if "eager" in requested_modes(args) and eager is None:
         raise UserError("the tour could not count eager mode")
     return 0
 

@@ -21,7 +21,7 @@ partials.
 from __future__ import annotations
 
 from . import fusion
-from .codegen import _doc, _emit_coordinates, _Emitter, _var, loads_of, node_expression, strided_signature
+from .emit import Emitter, doc_lines, emit_coordinates, loads_of, node_expression, strided_signature, var_name
 from .ops_table import compute_type
 
 __all__ = ["column_source"]
@@ -29,12 +29,12 @@ __all__ = ["column_source"]
 
 def column_source(group, rank: int) -> str:
     loads = loads_of(group)
-    em = _Emitter(group, loads)
+    em = Emitter(group, loads)
     reductions = [n for n in group.nodes if fusion.is_reduction(n)]
     src = strided_signature(group, loads, rank, scratch="work_ptr, count_ptr,", inner="c",
                             sizes="rows, n_cols, tiles_per_split, splits,",
                             constexprs=("XBLOCK", "CBLOCK", "SPLITS", "INT64"))
-    for line in _doc(group, loads, "once"):
+    for line in doc_lines(group, loads, "once"):
         em.emit(line)
     em.emit("cols = tl.program_id(0) * CBLOCK + tl.arange(0, CBLOCK)[None, :]")
     em.emit("cmask = cols < n_cols")
@@ -44,13 +44,13 @@ def column_source(group, rank: int) -> str:
     em.emit("else:")
     em.emit("    first_row = split * tiles_per_split * XBLOCK")
     for r in reductions:
-        em.emit(f"{_var(r)}_acc = tl.zeros([XBLOCK, CBLOCK], dtype={_acc_type(r)})")
+        em.emit(f"{var_name(r)}_acc = tl.zeros([XBLOCK, CBLOCK], dtype={_acc_type(r)})")
     em.emit("# walk this split's rows one tile at a time: each input element is read once")
     em.emit("for tile in range(0, tiles_per_split):")
     em.indent = "        "
     em.emit("row = first_row + tile * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
     em.emit("mask = (row < rows) & cmask")
-    _emit_coordinates(em, "row", "r", rank)
+    emit_coordinates(em, "row", "r", rank)
     for i, load in enumerate(loads):
         em.names[load.node, load.role] = f"in{i}"
         if load.role == "full":
@@ -59,25 +59,25 @@ def column_source(group, rank: int) -> str:
             em.emit(f"in{i} = tl.load(in{i}_ptr + {offset} + cols * in{i}_stride_c, mask=mask, other=0).to({ct})")
     em._load_role = "full"
     for n in group.nodes:
-        em.names[n] = _var(n)
+        em.names[n] = var_name(n)
         if group.roles[n] == "full":
-            em.emit(f"{_var(n)} = {node_expression(em, n)}")
+            em.emit(f"{var_name(n)} = {node_expression(em, n)}")
         elif fusion.is_reduction(n):
             x = em.operand(n.args[0], _acc_type(n))
-            em.emit(f"{_var(n)}_acc += tl.where(mask, tl.broadcast_to({x}, [XBLOCK, CBLOCK]), 0)")
+            em.emit(f"{var_name(n)}_acc += tl.where(mask, tl.broadcast_to({x}, [XBLOCK, CBLOCK]), 0)")
     for i, n in enumerate(group.outputs):
         if group.roles[n] == "full":  # a value ATen reads too (a matmul's input): written once, here
-            em.emit(f"tl.store(out{i}_ptr + row * n_cols + cols, tl.broadcast_to({_var(n)}, [XBLOCK, CBLOCK])"
+            em.emit(f"tl.store(out{i}_ptr + row * n_cols + cols, tl.broadcast_to({var_name(n)}, [XBLOCK, CBLOCK])"
                     f".to(out{i}_ptr.dtype.element_ty), mask=mask)")
     em.indent = "    "
     em.emit("# this split's sum of each column")
     for r in reductions:
-        em.emit(f"{_var(r)} = tl.sum({_var(r)}_acc, axis=0)[None, :]")
+        em.emit(f"{var_name(r)} = tl.sum({var_name(r)}_acc, axis=0)[None, :]")
     em.emit("if SPLITS > 1:")
     em.indent = "        "
     em.emit("# publish the partial sums; the last program to arrive at this column block adds them up")
     for k, r in enumerate(reductions):
-        em.emit(f"tl.store(work_ptr + ({k} * splits + split) * n_cols + cols, {_var(r)}, mask=cmask)")
+        em.emit(f"tl.store(work_ptr + ({k} * splits + split) * n_cols + cols, {var_name(r)}, mask=cmask)")
     em.emit("tl.debug_barrier()")
     em.emit('arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel")')
     em.emit("if arrived == splits - 1:")
@@ -85,7 +85,7 @@ def column_source(group, rank: int) -> str:
     em.emit("parts = tl.arange(0, SPLITS)[:, None]")
     em.emit("pmask = (parts < splits) & cmask")
     for k, r in enumerate(reductions):
-        em.emit(f"{_var(r)} = tl.sum(tl.load(work_ptr + ({k} * splits + parts) * n_cols + cols, mask=pmask, "
+        em.emit(f"{var_name(r)} = tl.sum(tl.load(work_ptr + ({k} * splits + parts) * n_cols + cols, mask=pmask, "
                 f"other=0, cache_modifier=\".cg\"), axis=0)[None, :]")
     _epilogue(em, loads)
     em.emit("tl.atomic_xchg(count_ptr + tl.program_id(0), 0)  # ready for the next launch")
@@ -101,7 +101,7 @@ def _acc_type(n) -> str:
     return compute_type(fusion.value(n).dtype)
 
 
-def _epilogue(em: _Emitter, loads) -> None:
+def _epilogue(em: Emitter, loads) -> None:
     """Per-column values: the means, the ops after the reductions, the stores."""
     group = em.group
     for i, load in enumerate(loads):
@@ -114,12 +114,12 @@ def _epilogue(em: _Emitter, loads) -> None:
             continue
         if fusion.is_reduction(n):
             if fusion.reduction_kind(n) == "mean":
-                em.emit(f"{_var(n)} = {_var(n)} / rows")
+                em.emit(f"{var_name(n)} = {var_name(n)} / rows")
         else:
-            em.emit(f"{_var(n)} = {node_expression(em, n)}")
+            em.emit(f"{var_name(n)} = {node_expression(em, n)}")
     em._load_role = "full"
     for i, n in enumerate(group.outputs):
         if group.roles[n] != "col":
             continue
-        em.emit(f"tl.store(out{i}_ptr + cols, tl.broadcast_to({_var(n)}, [1, CBLOCK])"
+        em.emit(f"tl.store(out{i}_ptr + cols, tl.broadcast_to({var_name(n)}, [1, CBLOCK])"
                 f".to(out{i}_ptr.dtype.element_ty), mask=cmask)")

@@ -24,7 +24,7 @@ from .. import config
 from ..errors import KernelabFallbackWarning
 from ..launch import StaticLauncher, current_stream as launch_stream, enabled as launch_enabled, hooked, specialization
 from ..report import debug_level
-from . import codegen, fusion, layout, ops_table
+from . import codegen, emit, fusion, layout, ops_table
 from .eventlog import record_fallback, record_launch
 from .kcache import cache_dir, kernel_module
 from .tiling import DEFAULT as DEFAULT_TILING, Tiling
@@ -271,7 +271,7 @@ class GroupRunner:
     group: object
     interpret: bool
     kernels: dict = field(default_factory=dict)  # (rank, persistent) -> jitted kernel
-    loads: list = None  # codegen.Load per kernel input, computed once
+    loads: list = None  # emit.Load per kernel input, computed once
     calls: dict = field(default_factory=dict)  # (shapes, strides, devices, dtypes) -> Call or None
     compile_s: float = 0.0
     #: outputs laid out with padded rows (``layout.py``): node -> row stride in elements
@@ -283,7 +283,7 @@ class GroupRunner:
     tiling: Tiling = DEFAULT_TILING
 
     def __post_init__(self):
-        self.loads = codegen.loads_of(self.group) if self.group is not None else []
+        self.loads = emit.loads_of(self.group) if self.group is not None else []
         self.load_nodes = [load.node for load in self.loads]
 
     def kernel(self, rank: int, persistent: bool):

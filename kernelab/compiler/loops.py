@@ -14,7 +14,7 @@ stores the full-size outputs. Two reductions share a pass when they can:
 from __future__ import annotations
 
 from . import fusion
-from .codegen import _Emitter, _correction, _emit_node, _full_load, _var, local_name
+from .emit import Emitter, correction, emit_node, full_load, local_name, var_name
 from .ops_table import compute_type
 
 __all__ = ["looped_body", "online_pairs"]
@@ -75,7 +75,7 @@ def _closure(group, targets) -> list:
     return [n for n in group.nodes if n in need]
 
 
-def looped_body(em: _Emitter, loads) -> None:
+def looped_body(em: Emitter, loads) -> None:
     group = em.group
     online = online_pairs(group)
     em.online = {a: s for s, a in online.items()}  # amax -> the sum that rides along
@@ -99,14 +99,14 @@ def looped_body(em: _Emitter, loads) -> None:
         _emit_ready_rows(em, done, level, p)
 
 
-def _emit_ready_rows(em: _Emitter, done: set, level: dict, p: int) -> None:
+def _emit_ready_rows(em: Emitter, done: set, level: dict, p: int) -> None:
     """Row values (reductions finished, then their pointwise epilogue) known after pass p."""
     for n in em.group.nodes:
         if n in done or em.group.roles[n] != "row" or level[n] > p + 1:
             continue
         if fusion.is_reduction(n):
             continue  # finalized by its pass
-        _emit_node(em, n)
+        emit_node(em, n)
         done.add(n)
 
 
@@ -114,7 +114,7 @@ _ACC = {"sum": ("0", "+"), "mean": ("0", "+"), "var": ("0", "+"), "max": ('float
         "min": ('float("inf")', "min")}
 
 
-def _emit_pass(em: _Emitter, loads, p: int, steps: list, stores: list) -> None:
+def _emit_pass(em: Emitter, loads, p: int, steps: list, stores: list) -> None:
     group = em.group
     accumulated = [local_name(n) for n, _ in steps] + [local_name(em.online[n]) + " (online)" for n, _ in steps if n in em.online]
     em.emit(f"# pass {p}: stream the row in blocks of RBLOCK"
@@ -134,9 +134,9 @@ def _emit_pass(em: _Emitter, loads, p: int, steps: list, stores: list) -> None:
     used = {p_ for n in needed + [s for s, _ in steps] for p_ in n.all_input_nodes}
     for i, load in enumerate(loads):
         if load.role == "full" and load.node in used:
-            _full_load(em, i, load)
+            full_load(em, i, load)
     for n in needed:
-        _emit_node(em, n)
+        emit_node(em, n)
     for n, step in steps:
         if n in em.online:
             _accumulate_online(em, n, em.online[n])
@@ -145,7 +145,7 @@ def _emit_pass(em: _Emitter, loads, p: int, steps: list, stores: list) -> None:
     for i, n in enumerate(group.outputs):
         if n in stores:
             em.emit(f"tl.store(out{i}_ptr + row * out_row + cols, "
-                    f"tl.broadcast_to({_var(n)}, [XBLOCK, RBLOCK]).to(out{i}_ptr.dtype.element_ty), mask=mask)")
+                    f"tl.broadcast_to({var_name(n)}, [XBLOCK, RBLOCK]).to(out{i}_ptr.dtype.element_ty), mask=mask)")
     em.indent = "    "
     for n, step in steps:
         if n in em.online:
@@ -154,7 +154,7 @@ def _emit_pass(em: _Emitter, loads, p: int, steps: list, stores: list) -> None:
             _finalize(em, n, step)
 
 
-def _accumulate(em: _Emitter, n, step: int) -> None:
+def _accumulate(em: Emitter, n, step: int) -> None:
     kind = fusion.reduction_kind(n)
     want = compute_type(fusion.value(n).dtype)
     em._load_role = "full"
@@ -162,13 +162,13 @@ def _accumulate(em: _Emitter, n, step: int) -> None:
     acc = f"acc_{local_name(n)}_{step}"
     fill, how = _ACC[kind]
     if how == "+":
-        term = f"tl.where(mask, {x} - {_var(n)}_mean, 0)" if kind == "var" and step == 1 else f"tl.where(mask, {x}, 0)"
+        term = f"tl.where(mask, {x} - {var_name(n)}_mean, 0)" if kind == "var" and step == 1 else f"tl.where(mask, {x}, 0)"
         em.emit(f"{acc} = {acc} + {term} * {term}" if kind == "var" and step == 1 else f"{acc} = {acc} + {term}")
     else:
         em.emit(f"{acc} = klm.{'maximum' if how == 'max' else 'minimum'}_nan({acc}, tl.where(mask, {x}, {fill}))")
 
 
-def _accumulate_online(em: _Emitter, a, s) -> None:
+def _accumulate_online(em: Emitter, a, s) -> None:
     """Per lane: m' = max(m, x); sum = sum * e^(m - m') + e^(x - m'). Lanes that saw only -inf
     keep a zero sum (never e^(-inf + inf)); a NaN makes the max NaN, and the sum with it."""
     em._load_role = "full"
@@ -181,16 +181,16 @@ def _accumulate_online(em: _Emitter, a, s) -> None:
     em.emit(f"{m} = m_new")
 
 
-def _finalize_online(em: _Emitter, a, s) -> None:
+def _finalize_online(em: Emitter, a, s) -> None:
     m, acc = f"acc_{local_name(a)}_0", f"acc_{local_name(s)}_0"
-    em.names[a], em.names[s] = _var(a), _var(s)
-    em.emit(f"{_var(a)} = klm.max_rows({m})[:, None]")
-    em.emit(f"{_var(s)} = tl.sum(tl.where({m} == {_var(a)}, {acc}, {acc} * tl.exp({m} - {_var(a)})), axis=1)[:, None]")
+    em.names[a], em.names[s] = var_name(a), var_name(s)
+    em.emit(f"{var_name(a)} = klm.max_rows({m})[:, None]")
+    em.emit(f"{var_name(s)} = tl.sum(tl.where({m} == {var_name(a)}, {acc}, {acc} * tl.exp({m} - {var_name(a)})), axis=1)[:, None]")
 
 
-def _finalize(em: _Emitter, n, step: int) -> None:
+def _finalize(em: Emitter, n, step: int) -> None:
     kind = fusion.reduction_kind(n)
-    acc, v = f"acc_{local_name(n)}_{step}", _var(n)
+    acc, v = f"acc_{local_name(n)}_{step}", var_name(n)
     em.names[n] = v
     if kind in ("max", "min"):
         em.emit(f"{v} = klm.{kind}_rows({acc})[:, None]")
@@ -201,4 +201,4 @@ def _finalize(em: _Emitter, n, step: int) -> None:
     elif step == 0:
         em.emit(f"{v}_mean = tl.sum({acc}, axis=1)[:, None] / n_cols")
     else:
-        em.emit(f"{v} = tl.sum({acc}, axis=1)[:, None] / (n_cols - {_correction(n)})")
+        em.emit(f"{v} = tl.sum({acc}, axis=1)[:, None] / (n_cols - {correction(n)})")

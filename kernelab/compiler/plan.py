@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ..capture import OpTrace, Prepared, _function_outputs, _Recorder, _StorageIds
+from ..capture import OpTrace, Prepared, Recorder, StorageIds, function_outputs
 from ..eager_rules import Context, KernelSpec, lower_eager
 from . import fusion
 from .eventlog import ACTIVE_PLAN
@@ -156,7 +156,7 @@ def _mb(n: int) -> str:
 # plan mode
 
 
-class _PlanRecorder(_Recorder):
+class _PlanRecorder(Recorder):
     """Records eager ATen ops as their eager kernels, and each group as its one fused kernel.
 
     An infra mode, so dynamo still compiles while it is active; it ignores the fake tensors of
@@ -167,7 +167,7 @@ class _PlanRecorder(_Recorder):
         return True
 
     def __init__(self, ctx: Context):
-        super().__init__(_StorageIds())
+        super().__init__(StorageIds())
         self.ctx = ctx
         self.kernels: list[KernelSpec] = []
         self.graphs: list[GraphPlan] = []
@@ -274,7 +274,7 @@ def _run_plan(target, args, kwargs, ctx) -> _PlanRecorder:
     finally:
         ACTIVE_PLAN[0] = None
     prepared = Prepared(lambda: None, tensors, [t for t in tensors if t.requires_grad and t.is_leaf])
-    recorder.outputs = _function_outputs(result, recorder, prepared, recorder.ids)
+    recorder.outputs = function_outputs(result, recorder, prepared, recorder.ids)
     return recorder
 
 

@@ -933,7 +933,7 @@ class _Builder:
     def constant(self, name: str, make, arange: tuple | None = None) -> fx.Node:
         """A get_attr of buffer ``name`` of the graph module, ``make()`` once (a real tensor);
         ``arange``: (start, step) when the buffer is an arange (a row kernel reading it along its
-        row computes it from the column index instead: ``codegen.arange_of``)."""
+        row computes it from the column index instead: ``emit.arange_of``)."""
         if not hasattr(self.gm, name):
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
