@@ -126,11 +126,6 @@ def reset() -> None:
         sys.modules["torch._inductor.cudagraph_trees"].reset_cudagraph_trees()
 
 
-def direct_calls() -> bool:
-    """KERNELAB_DIRECT_CALL=0 keeps aot_autograd's runtime wrapper around every inference graph."""
-    return config.direct_call()
-
-
 def _wrapper_has_no_work(gm, graph_inputs, example_inputs) -> bool:
     """True where aot_autograd's inference runtime wrapper would only switch grad mode off around
     the call: no input mutated, no output aliasing an input or another output, no effect tokens,
@@ -144,7 +139,7 @@ def _wrapper_has_no_work(gm, graph_inputs, example_inputs) -> bool:
 
     context = TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None)
-    if meta is None or not direct_calls() or not isinstance(gm, torch.fx.GraphModule):
+    if meta is None or not config.direct_call() or not isinstance(gm, torch.fx.GraphModule):
         return False
     if len(graph_inputs) != len(example_inputs) or any(True for _ in gm.parameters()) or any(
             True for _ in gm.buffers()):

@@ -1,0 +1,45 @@
+"""The compiler's tuning scripts (``benchmarks/row_tune.py``, ``column_tune.py``) run on a GPU only;
+here they are imported and the launch data they pass (``options={"tiling": ...}``) is built and
+compiled with, so that a renamed API breaks CI rather than the next session's device call."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelab.compiler as kc
+from kernelab.compiler.tiling import ColumnTiling, RowTiling, Tiling
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _script(name: str):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(f"kl_{name}", BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_column_tune_passes_a_column_tiling():
+    tiling = _script("column_tune").tiling(64, 4096, 8, 2, 4)
+    assert tiling == Tiling(columns=ColumnTiling(64, 4096, 4096, 8, 8, 2, 4))
+
+
+def test_row_tune_passes_a_row_tiling():
+    tiling = _script("row_tune").tiling(8, True)
+    assert tiling.rows == RowTiling(per_thread=8, looped_per_thread=8, looped=True, var_persistent_max=8192)
+
+
+@pytest.mark.parametrize("name, args", [("column_tune", (32, 8192, 4, 2)), ("row_tune", (16, False))])
+def test_their_tilings_compile_and_match_eager(name, args):
+    tiling = _script(name).tiling(*args)
+    x, y = torch.randn(64, 48), torch.randn(48)
+    fn = kc.compile(lambda x, y: ((x * y).sum(0), (x * y).softmax(-1)), options={"tiling": tiling})
+    got = fn(x, y)
+    torch.testing.assert_close(got[0], (x * y).sum(0), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got[1], (x * y).softmax(-1), rtol=1e-5, atol=1e-6)
