@@ -102,8 +102,11 @@ def _stream_function():
 
 
 def current_stream(device: int):
-    """The current stream's handle on ``device`` (``teams.py`` keys its buffers by it)."""
-    return _stream_function()(device)
+    """The current stream's raw handle on ``device``, as Triton's launcher gets it (``teams.py``
+    keys its buffers by it, the compiler its column counters): torch's raw-handle call directly,
+    which costs much less than a Stream object or an import per call (a hot path)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else _stream_function()(device)
 
 
 def _runtime_knobs():

@@ -33,6 +33,7 @@ from ..errors import KernelabCudaGraphWarning
 
 __all__ = ["Pairing", "wrap"]
 
+
 class Pairing:
     """What a forward's wrapping tells its backward (one per dynamo graph): whether the forward was
     recorded, and its device."""

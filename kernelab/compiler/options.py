@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .. import config
 from ..errors import KernelabError
@@ -25,7 +25,7 @@ OPTION_NAMES = ("cudagraphs", "tiling")
 @dataclass(frozen=True)
 class Options:
     cudagraphs: bool = False
-    tiling: Tiling = field(default_factory=lambda: DEFAULT)
+    tiling: Tiling = DEFAULT
 
 
 def parse(mode: str | None = None, options: dict | None = None) -> Options:
