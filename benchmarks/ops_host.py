@@ -147,8 +147,12 @@ def steps(inputs, grad_of, fn, g=None) -> tuple:
 
 
 def measure(calls: dict, n: int, repeats: int, sync=None) -> dict:
-    """name -> per-round microseconds per call of the calling thread's CPU time: rounds of ``n``
-    calls, the rounds of all calls interleaved (``sync`` before each round: the GPU idle)."""
+    """name -> per-round (thread CPU us, wall us, issue us) per call: rounds of ``n`` calls, the
+    rounds of all calls interleaved; "issue" is the wall time until the last call returned (the
+    GPU may still be working), "wall" until the GPU finished too. On a GPU (``sync`` given) the GPU is idle before each round and waited
+    for after it, so the wall time also holds the autograd engine's device thread, where CUDA
+    backward functions run (the calling thread only waits there: its CPU time misses them), and
+    GPU time the host does not cover (small inputs: a few us a kernel)."""
     for fn in calls.values():
         for _ in range(20):
             fn()
@@ -157,10 +161,13 @@ def measure(calls: dict, n: int, repeats: int, sync=None) -> dict:
         for name, fn in calls.items():
             if sync:
                 sync()
-            start = time.thread_time()
+            start, wall = time.thread_time(), time.perf_counter()
             for _ in range(n):
                 fn()
-            times[name].append((time.thread_time() - start) / n * 1e6)
+            cpu, issued = time.thread_time() - start, time.perf_counter() - wall
+            if sync:
+                sync()
+            times[name].append((cpu / n * 1e6, (time.perf_counter() - wall) / n * 1e6, issued / n * 1e6))
     return times
 
 
@@ -184,8 +191,8 @@ def machine() -> str:
 
 
 def run_op(op: str, fns: dict, inputs, grad_of, n: int, repeats: int, sync=None) -> list[tuple]:
-    """Rows (op, pass, provider, us, us / eager): medians over rounds, the ratio the median of each
-    round's ratio to eager's round beside it."""
+    """Rows (op, pass, provider, thread us, us / eager, wall us, wall / eager): medians over
+    rounds, each ratio the median of each round's ratio to eager's round beside it."""
     rows = []
     pairs = {name: steps(inputs, grad_of, fn) for name, fn in fns.items()}
     calls = {(name, kind): pair[i] for name, pair in pairs.items() for i, kind in enumerate(("fwd", "fwd+bwd"))}
@@ -194,14 +201,20 @@ def run_op(op: str, fns: dict, inputs, grad_of, n: int, repeats: int, sync=None)
         eager = got[("eager", kind)]
         for name in pairs:
             mine = got[(name, kind)]
-            rows.append((op, kind, name, statistics.median(mine), statistics.median(a / b for a, b in zip(mine, eager))))
+            row = [op, kind, name]
+            for i in (0, 1):
+                row += [statistics.median(t[i] for t in mine), statistics.median(a[i] / b[i] for a, b in zip(mine, eager))]
+            rows.append(tuple(row))
     return rows
 
 
-def render(rows, n: int, repeats: int, where: str) -> str:
-    lines = [f"host us per call (thread CPU time), {where}; median of {repeats} rounds x {n} calls",
-             f"{'op':22s} {'pass':8s} {'provider':28s} {'us':>8s} {'x eager':>8s}"]
-    lines += [f"{op:22s} {kind:8s} {name:28s} {us:8.1f} {ratio:8.2f}" for op, kind, name, us, ratio in rows]
+def render(rows, n: int, repeats: int, where: str, wall: bool = False) -> str:
+    """The table; ``wall`` adds the wall-clock columns (GPU runs: the device thread's work too)."""
+    lines = [f"host us per call (thread CPU time{', and wall time' if wall else ''}), {where}; median of {repeats} "
+             f"rounds x {n} calls",
+             f"{'op':22s} {'pass':8s} {'provider':28s} {'us':>8s} {'x eager':>8s}" + (f" {'wall us':>8s} {'x eager':>8s}" if wall else "")]
+    for op, kind, name, us, ratio, wall_us, wall_ratio in rows:
+        lines.append(f"{op:22s} {kind:8s} {name:28s} {us:8.1f} {ratio:8.2f}" + (f" {wall_us:8.1f} {wall_ratio:8.2f}" if wall else ""))
     return "\n".join(lines)
 
 
@@ -247,6 +260,101 @@ def check(op: str, inputs, grad_of, fns) -> str:
     return "ok"
 
 
+def norm_parts(device: str, shape=(8, 64), n: int = 200, repeats: int = 7, sync=None) -> list[str]:
+    """Wall us per call of layer_norm's pieces called directly on this thread (no autograd):
+    ``_norm_forward`` and ``_norm_backward`` (weight and bias gradients), next to the whole
+    forward+backward through autograd, kernelab and eager: what the kernels' host path costs
+    apart from the autograd machinery around it."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernelab.ops import norms
+
+    m, k = shape
+    x = torch.randn(m, k, device=device, requires_grad=True)
+    w = torch.randn(k, device=device, requires_grad=True)
+    b = torch.randn(k, device=device, requires_grad=True)
+    dy = torch.randn(m, k, device=device)
+    with torch.no_grad():
+        y, mean, rstd = norms._norm_forward(x, k, w, b, 1e-5, False)
+    calls = {
+        "kernelab _norm_forward": lambda: norms._norm_forward(x.detach(), k, w.detach(), b.detach(), 1e-5, False),
+        "kernelab _norm_backward": lambda: norms._norm_backward(dy, x.detach(), w.detach(), mean, rstd, k, False, True, True),
+        "kernelab fwd+bwd (autograd)": lambda: torch.autograd.grad(norms.layer_norm(x, (k,), w, b), (x, w, b), dy),
+        "eager fwd+bwd (autograd)": lambda: torch.autograd.grad(F.layer_norm(x, (k,), w, b), (x, w, b), dy),
+        "torch.empty x1": lambda: torch.empty((m, k), device=device),
+    }
+    got = measure(calls, n, repeats, sync)
+    body = _timed_backward_body(calls["kernelab fwd+bwd (autograd)"], n, sync)
+    return [f"kernelab _norm_backward inside autograd's backward (its device thread on CUDA), {m}x{k}: {body:8.1f} us"] + [
+            f"{name:32s} {m}x{k}: wall {statistics.median(t[1] for t in got[name]):8.1f} us, issue "
+            f"{statistics.median(t[2] for t in got[name]):8.1f} us, thread "
+            f"{statistics.median(t[0] for t in got[name]):8.1f} us" for name in calls]
+
+
+def _timed_backward_body(step, n: int, sync=None) -> float:
+    """Mean wall us of ``norms._norm_backward`` when ``step`` (a layer_norm forward+backward) runs
+    it through autograd: on CUDA on the engine's device thread, where the calling thread's timers
+    cannot see it."""
+    from kernelab.ops import norms
+
+    inner, spent = norms._norm_backward, []
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    norms._norm_backward = timed
+    try:
+        for _ in range(n):
+            step()
+        if sync:
+            sync()
+    finally:
+        norms._norm_backward = inner
+    return statistics.median(spent) * 1e6 if spent else float("nan")
+
+
+def profiler_table(op: str, shape, device: str = "cuda", calls: int = 5, out_dir: Path | None = None) -> str:
+    """torch.profiler over ``calls`` forward+backward calls of ``op`` at ``shape`` (bf16), kernelab
+    then eager: the CPU-side time by function on every thread (the autograd device thread too), and
+    a Chrome trace per provider under ``out_dir``."""
+    import torch
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    import kernelab.ops as K
+
+    m, k = shape
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.ones(k, device=device, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.zeros(k, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    text = []
+    for name, mod in (("kernelab", K), ("eager", F)):
+        if op == "layer_norm":
+            step = lambda: torch.autograd.grad(mod.layer_norm(x, (k,), w, b, 1e-5), (x, w, b), dy)  # noqa: E731
+        else:
+            step = lambda: torch.autograd.grad(mod.rms_norm(x, (k,), w, 1e-6), (x, w), dy)  # noqa: E731
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=False) as prof:
+            wall = time.perf_counter()
+            for _ in range(calls):
+                step()
+            host = (time.perf_counter() - wall) / calls * 1e6
+            torch.cuda.synchronize()
+        if out_dir is not None:
+            prof.export_chrome_trace(str(out_dir / f"trace_{op}_{name}_{m}x{k}.json"))
+        text.append(f"== {op} {m}x{k} bf16 fwd+bwd, {name}: host {host:.0f} us a call under the profiler")
+        text.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+    return "\n".join(text)
+
+
 def gpu_main(args) -> int:
     import torch
     import triton
@@ -268,15 +376,23 @@ def gpu_main(args) -> int:
         if checks[op] != "ok":
             continue
         rows += run_op(op, fns, inputs, grad_of, args.steps, args.repeats, sync)
-    header = "op,pass,provider,host_us,x_eager,gpu,torch,triton,date\n"
-    lines = [f"{op},{kind},{name},{us:.2f},{ratio:.3f},{gpu},{torch.__version__},{triton.__version__},{date}\n"
-             for op, kind, name, us, ratio in rows]
+    header = "op,pass,provider,host_us,x_eager,wall_us,wall_x_eager,gpu,torch,triton,date\n"
+    lines = [f"{op},{kind},{name},{us:.2f},{ratio:.3f},{wall:.2f},{wall_ratio:.3f},{gpu},{torch.__version__},"
+             f"{triton.__version__},{date}\n" for op, kind, name, us, ratio, wall, wall_ratio in rows]
     (out_dir / "ops_host.csv").write_text(header + "".join(lines))
     print("checks: " + ", ".join(f"{op} {result}" for op, result in checks.items()))
     if skipped:
         print(f"budget of {args.budget_s:.0f} s spent: skipped {', '.join(skipped)}")
     print(f"machine: {machine()}; {gpu}")
-    print(render(rows, args.steps, args.repeats, "real launches on " + gpu))
+    print(render(rows, args.steps, args.repeats, "real launches on " + gpu, wall=True))
+    print("\n".join(norm_parts(device, sync=sync)))
+    for at in args.at or ():
+        print("\n".join(norm_parts(device, tuple(int(v) for v in at.lower().split("x")), n=20, sync=sync)))
+    if not args.smoke and args.trace_shape:
+        shape = tuple(int(v) for v in args.trace_shape.lower().split("x"))
+        tables = "\n".join(profiler_table(op, shape, out_dir=out_dir) for op in ("layer_norm", "rms_norm"))
+        (out_dir / "ops_host_profile.txt").write_text(tables + "\n")
+        print(tables)
     return 0 if all(result == "ok" for result in checks.values()) else 1
 
 
@@ -290,6 +406,10 @@ def parser(ops=OPS) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, help="rounds (default 15 stubbed, 7 on a GPU)")
     p.add_argument("--out", type=Path, help="stubbed: also write the table (with the machine) to this file")
     p.add_argument("--profile", choices=OPS, help="stubbed: cProfile kernelab's forward+backward of this op")
+    p.add_argument("--at", nargs="+", help="GPU: also time layer_norm's pieces at these MxN (float32), "
+                   "host and GPU time together (e.g. 16384x2048)")
+    p.add_argument("--trace-shape", help="GPU: also profile the norms' forward+backward at this MxN (bf16), "
+                   "every thread's CPU time and a Chrome trace each (e.g. 16384x2048)")
     p.add_argument("--smoke", action="store_true",
                    help="the GPU flow on CPU tensors under TRITON_INTERPRET=1 (checks the script, measures nothing)")
     return p
