@@ -10,7 +10,8 @@ and checks every result against torch. Bytes moved: x read once (the per-column 
 are negligible). Writes OUT_DIR/column_tune.csv and prints the best configuration per shape and
 the one that is best overall (geometric mean of time relative to each shape's best).
 
-``COLUMN_TUNE_SHAPES=8192x768,8192x3072`` times other shapes. ``COLUMN_TUNE_TIMER=cudagraph`` times
+``COLUMN_TUNE_SHAPES=8192x768,8192x3072`` times other shapes, ``COLUMN_TUNE_CBLOCKS=32,256``
+other column blocks. ``COLUMN_TUNE_TIMER=cudagraph`` times
 each variant replayed from a CUDA graph (``triton.testing.do_bench_cudagraph``): the GPU's time
 alone, where do_bench's back-to-back calls of a ~10 us kernel measure the host's call cost instead. ``COLUMN_TUNE_GRID=programs`` tunes the programs per SM instead (2, 4, 8; the default grid keeps 2)
 over a smaller grid of the other axes, written to OUT_DIR/column_tune_programs.csv.
@@ -50,6 +51,9 @@ if TIMER not in ("events", "cudagraph"):
     sys.exit(f"column_tune.py: COLUMN_TUNE_TIMER must be 'events' or 'cudagraph', got {TIMER!r}")
 if GRID == "programs":
     CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES, PER_SM = (32, 64), (4096, 8192), (4, 8), (2,), (2, 4, 8)
+#: ``COLUMN_TUNE_CBLOCKS=32,64,128,256`` replaces the column blocks (wide sums: a vocabulary's bias)
+if os.environ.get("COLUMN_TUNE_CBLOCKS"):
+    CBLOCKS = tuple(int(v) for v in os.environ["COLUMN_TUNE_CBLOCKS"].split(","))
 
 
 def bench_us(f) -> float:

@@ -61,7 +61,12 @@ def settings(backward: bool) -> dict:
                 "fwd 32 a thread": NormConfig(fwd_per_thread=32),
                 "fwd 8 a thread": NormConfig(fwd_per_thread=8),
                 "fwd 16384-element tiles": NormConfig(fwd_tile=16384),
-                "fwd 16384 tiles, 32 a thread": NormConfig(fwd_tile=16384, fwd_per_thread=32)}
+                "fwd 16384 tiles, 32 a thread": NormConfig(fwd_tile=16384, fwd_per_thread=32),
+                # 12288-16384 columns, where torch.compile led (layer_norm 0.76-0.83x): layer_norm's
+                # 64-register cap lifted or raised; rows past 8192 split across a team of programs
+                "fwd no register cap": NormConfig(fwd_reg_cap=0),
+                "fwd 80 registers": NormConfig(fwd_reg_cap=80),
+                "fwd teams past 8192": NormConfig(fwd_one_pass_max=8192)}
     return {
         # DEFAULT: as many programs as the compiled kernel keeps resident, two row blocks in flight
         # per program (3 stages): the best setting at 7 of 8 shapes in results/norm_tune_graph_h200.csv

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import platform
 import statistics
@@ -260,6 +261,27 @@ def check(op: str, inputs, grad_of, fns) -> str:
     return "ok"
 
 
+@functools.lru_cache(maxsize=1)
+def _floor_function():
+    """A layer_norm-shaped autograd.Function that launches nothing: the forward allocates y, the
+    backward dx, dw and db (the outputs every implementation must make). What any Python-level
+    autograd.Function costs the host a forward+backward, whatever its kernels."""
+    import torch
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            ctx.save_for_backward(x, w)
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w = ctx.saved_tensors
+            return torch.empty_like(x), torch.empty_like(w), torch.empty_like(w)
+
+    return Floor
+
+
 def norm_parts(device: str, shape=(8, 64), n: int = 200, repeats: int = 7, sync=None) -> list[str]:
     """Wall us per call of layer_norm's pieces called directly on this thread (no autograd):
     ``_norm_forward`` and ``_norm_backward`` (weight and bias gradients), next to the whole
@@ -277,11 +299,13 @@ def norm_parts(device: str, shape=(8, 64), n: int = 200, repeats: int = 7, sync=
     dy = torch.randn(m, k, device=device)
     with torch.no_grad():
         y, mean, rstd = norms._norm_forward(x, k, w, b, 1e-5, False)
+    floor = _floor_function()
     calls = {
         "kernelab _norm_forward": lambda: norms._norm_forward(x.detach(), k, w.detach(), b.detach(), 1e-5, False),
         "kernelab _norm_backward": lambda: norms._norm_backward(dy, x.detach(), w.detach(), mean, rstd, k, False, True, True),
         "kernelab fwd+bwd (autograd)": lambda: torch.autograd.grad(norms.layer_norm(x, (k,), w, b), (x, w, b), dy),
         "eager fwd+bwd (autograd)": lambda: torch.autograd.grad(F.layer_norm(x, (k,), w, b), (x, w, b), dy),
+        "python Function floor fwd+bwd": lambda: torch.autograd.grad(floor.apply(x, w, b), (x, w, b), dy),
         "torch.empty x1": lambda: torch.empty((m, k), device=device),
     }
     got = measure(calls, n, repeats, sync)

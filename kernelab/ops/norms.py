@@ -48,7 +48,10 @@ class NormConfig:
     (``benchmarks/norm_tune.py``) times others side by side through :func:`configured`.
 
     Forward (rows of up to 16384 elements, one-pass): ``fwd_tile`` elements of rows per program
-    and ``fwd_per_thread`` elements a thread, None for ``_common.row_tile``'s rule.
+    and ``fwd_per_thread`` elements a thread, None for ``_common.row_tile``'s rule; ``fwd_reg_cap``
+    registers a thread (0: no cap; None: LONG_ROW_MAXNREG for layer_norm's 16384-element tiles);
+    ``fwd_one_pass_max`` the longest row one program holds (longer rows: teams; None:
+    FWD_ONE_PASS_MAX).
 
     Backward (DEFAULT: as many programs as one wave holds, three pipeline stages; the best of five
     settings at 7 of 8 model shapes on the H200, 1.13-2.86x the best of eager and Liger,
@@ -68,6 +71,8 @@ class NormConfig:
 
     fwd_tile: Optional[int] = None
     fwd_per_thread: Optional[int] = None
+    fwd_reg_cap: Optional[int] = None
+    fwd_one_pass_max: Optional[int] = None
     bwd_programs_per_sm: Optional[int] = None
     bwd_tile: int = 2048
     bwd_per_thread: int = 16
@@ -406,6 +411,8 @@ def _fwd_tile(m: int, n: int, rms: bool, config: NormConfig) -> tuple[int, int, 
     """(BLOCK_M, BLOCK_N, num_warps, maxnreg) of the one-pass forward (cached: host time per call)."""
     per_thread = config.fwd_per_thread or (FWD_WIDE_PER_THREAD if 2048 < n <= 8192 else None)
     block_m, block_n, warps = _common.row_tile(m, n, tile=config.fwd_tile, per_thread=per_thread)
+    if config.fwd_reg_cap is not None:
+        return block_m, block_n, warps, config.fwd_reg_cap or None
     return block_m, block_n, warps, LONG_ROW_MAXNREG if block_n >= 16384 and not rms else None
 
 
@@ -430,12 +437,13 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, 
         return y, mean, rstd
     x2, stride_x = _common.row_view(x, n)
     w, b = weight, bias
-    if n <= FWD_ONE_PASS_MAX:
+    one_pass_max = config.fwd_one_pass_max or FWD_ONE_PASS_MAX
+    if n <= one_pass_max:
         grid, launch = _fwd_launch(m, n, rms, w is not None, b is not None, None if config is DEFAULT else config)
         launch(grid, x2, w, b, y, mean, rstd, stride_x, n, m, n, eps)
         return y, mean, rstd
     if (p := teams.plan(m, n, x.device, FWD_TEAM_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM,
-                          longer_than=FWD_ONE_PASS_MAX)) is not None:
+                          longer_than=one_pass_max)) is not None:
         _common.launch(_norm_fwd_team_kernel, p.grid)(
             x2, w, b, y, mean, rstd, *teams.buffers(x.device, p), stride_x, n, m, n, eps,
             RMS=rms, HAS_W=w is not None, HAS_B=b is not None,

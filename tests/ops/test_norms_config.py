@@ -23,6 +23,9 @@ CONFIGS = {
     "atomic, 1 program/SM": norms.NormConfig(bwd_atomic=True, bwd_programs_per_sm=1),
     "atomic, long rows past 4096": norms.NormConfig(bwd_atomic=True, bwd_max_fused=4096),
     "4096-element tiles, 8 a thread": norms.NormConfig(fwd_tile=4096, fwd_per_thread=8, bwd_tile=4096, bwd_per_thread=8),
+    # the forward's long-row settings: no register cap, and rows past 4096 taken by the long-row
+    # path (teams on a GPU, the looped kernel under the interpreter)
+    "forward: no register cap, long rows past 4096": norms.NormConfig(fwd_reg_cap=0, fwd_one_pass_max=4096),
 }
 #: (rows, width): model widths with an odd number of rows (rows per program do not divide evenly)
 SHAPES = [(37, 768), (9, 2880), (5, 5120), (7, 7168), (3, 12288)]
