@@ -155,7 +155,7 @@ def measure(calls: dict, n: int, repeats: int, sync=None) -> dict:
     backward functions run (the calling thread only waits there: its CPU time misses them), and
     GPU time the host does not cover (small inputs: a few us a kernel)."""
     for fn in calls.values():
-        for _ in range(20):
+        for _ in range(min(20, n)):  # warm-up (a smoke run's few calls: as few)
             fn()
     times = {name: [] for name in calls}
     for _ in range(repeats):
@@ -409,9 +409,10 @@ def gpu_main(args) -> int:
         print(f"budget of {args.budget_s:.0f} s spent: skipped {', '.join(skipped)}")
     print(f"machine: {machine()}; {gpu}")
     print(render(rows, args.steps, args.repeats, "real launches on " + gpu, wall=True))
-    print("\n".join(norm_parts(device, sync=sync)))
+    print("\n".join(norm_parts(device, n=args.steps, repeats=args.repeats, sync=sync)))
     for at in args.at or ():
-        print("\n".join(norm_parts(device, tuple(int(v) for v in at.lower().split("x")), n=20, sync=sync)))
+        shape = tuple(int(v) for v in at.lower().split("x"))
+        print("\n".join(norm_parts(device, shape, n=min(20, args.steps), repeats=args.repeats, sync=sync)))
     if not args.smoke and args.trace_shape:
         shape = tuple(int(v) for v in args.trace_shape.lower().split("x"))
         tables = "\n".join(profiler_table(op, shape, out_dir=out_dir) for op in ("layer_norm", "rms_norm"))

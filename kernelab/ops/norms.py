@@ -50,8 +50,8 @@ class NormConfig:
     Forward (rows of up to 16384 elements, one-pass): ``fwd_tile`` elements of rows per program
     and ``fwd_per_thread`` elements a thread, None for ``_common.row_tile``'s rule; ``fwd_reg_cap``
     registers a thread (0: no cap; None: LONG_ROW_MAXNREG for layer_norm's 16384-element tiles);
-    ``fwd_one_pass_max`` the longest row one program holds (longer rows: teams; None:
-    FWD_ONE_PASS_MAX).
+    ``fwd_one_pass_max`` the longest row one program holds (longer rows: teams, or with
+    ``fwd_teams=False`` the looped kernel, which re-reads each row from L2; None: FWD_ONE_PASS_MAX).
 
     Backward (DEFAULT: as many programs as one wave holds, three pipeline stages; the best of five
     settings at 7 of 8 model shapes on the H200, 1.13-2.86x the best of eager and Liger,
@@ -73,6 +73,7 @@ class NormConfig:
     fwd_per_thread: Optional[int] = None
     fwd_reg_cap: Optional[int] = None
     fwd_one_pass_max: Optional[int] = None
+    fwd_teams: bool = True
     bwd_programs_per_sm: Optional[int] = None
     bwd_tile: int = 2048
     bwd_per_thread: int = 16
@@ -442,8 +443,8 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, 
         grid, launch = _fwd_launch(m, n, rms, w is not None, b is not None, None if config is DEFAULT else config)
         launch(grid, x2, w, b, y, mean, rstd, stride_x, n, m, n, eps)
         return y, mean, rstd
-    if (p := teams.plan(m, n, x.device, FWD_TEAM_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM,
-                          longer_than=one_pass_max)) is not None:
+    if config.fwd_teams and (p := teams.plan(m, n, x.device, FWD_TEAM_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM,
+                                             longer_than=one_pass_max)) is not None:
         _common.launch(_norm_fwd_team_kernel, p.grid)(
             x2, w, b, y, mean, rstd, *teams.buffers(x.device, p), stride_x, n, m, n, eps,
             RMS=rms, HAS_W=w is not None, HAS_B=b is not None,
@@ -635,8 +636,7 @@ def _(dy, x, weight, mean, rstd, n, rms, need_dw, need_db):
 
 
 def _setup_context(ctx, inputs, output):
-    x, n, weight, bias, eps, rms = inputs[:6]
-    ctx.config = inputs[6] if len(inputs) > 6 else None  # set by configured() only
+    x, n, weight, bias, eps, rms = inputs
     _, mean, rstd = output
     ctx.n, ctx.rms, ctx.eps, ctx.has_bias = n, rms, eps, bias is not None
     ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -646,23 +646,19 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dy, _dmean, _drstd):
-    config = getattr(ctx, "config", None)  # the registered op's context has none
-    extra = () if config is None else (None,)
+    """The registered op's backward (what tracing records; eager calls take ``_Norm``)."""
     if dy is None:
-        return None, None, None, None, None, None, *extra
+        return None, None, None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
     need_dw = weight is not None and ctx.needs_input_grad[2]
     need_db = ctx.has_bias and ctx.needs_input_grad[3]
     if _common.builds_graph():  # double backward: PyTorch's differentiable gradients
         dx, dw, db = _reference_grads(ctx, dy, x, weight, need_dw, need_db)
-        return dx, None, dw, db, None, None, *extra
-    if config is None:
-        dx, dw, db = _common.call(
-            _norm_backward_op, _norm_backward, dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db
-        )
-    else:
-        dx, dw, db = _norm_backward(dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db, config)
-    return dx, None, dw if need_dw else None, db if need_db else None, None, None, *extra
+        return dx, None, dw, db, None, None
+    dx, dw, db = _common.call(
+        _norm_backward_op, _norm_backward, dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db
+    )
+    return dx, None, dw if need_dw else None, db if need_db else None, None, None
 
 
 def _reference_grads(ctx, dy, x, weight, need_dw: bool, need_db: bool):
@@ -680,7 +676,35 @@ def _reference_grads(ctx, dy, x, weight, need_dw: bool, need_db: bool):
 
 
 _norm_op.register_autograd(_backward, setup_context=_setup_context)
-_Norm = _common.eager_function("_Norm", _norm_forward, _setup_context, _backward)
+
+
+class _Norm(torch.autograd.Function):
+    """The eager path's autograd node (the registered op above is what tracing sees). One output,
+    y: mean and rstd are saved, not returned, so autograd tracks one output instead of three (the
+    host's cost per call is the issue at model widths: ``benchmarks/ops_host.py``)."""
+
+    @staticmethod
+    def forward(ctx, x, n, weight, bias, eps, rms, config):
+        y, mean, rstd = _norm_forward(x, n, weight, bias, eps, rms, config)
+        ctx.n, ctx.rms, ctx.eps, ctx.config = n, rms, eps, config
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        need_dw = weight is not None and needs[2]
+        need_db = ctx.bias_dtype is not None and needs[3]
+        if _common.builds_graph():  # double backward: PyTorch's differentiable gradients
+            dx, dw, db = _reference_grads(ctx, dy, x, weight, need_dw, need_db)
+        elif ctx.config is DEFAULT:  # the custom op under a dispatch mode that began after the forward
+            dx, dw, db = _common.call(_norm_backward_op, _norm_backward, dy, x, weight, mean, rstd, ctx.n, ctx.rms,
+                                      need_dw, need_db)
+        else:
+            dx, dw, db = _norm_backward(dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db, ctx.config)
+        return dx, None, dw if need_dw else None, db if need_db else None, None, None, None
 
 
 # --------------------------------------------------------------------------- public functions
@@ -736,7 +760,7 @@ def _run(input, n, weight, bias, eps, rms, config: Optional[NormConfig] = None):
         return _norm_op(*args)[0]
     if not (torch.is_grad_enabled() and _common.any_requires_grad(input, weight, bias)):
         return _norm_forward(*args, config or DEFAULT)[0]  # nothing to differentiate: no autograd node
-    return _Norm.apply(*args)[0] if config is None else _Norm.apply(*args, config)[0]
+    return _Norm.apply(*args, config or DEFAULT)
 
 
 def _layer_norm(input, normalized_shape, weight, bias, eps, config: Optional[NormConfig]):

@@ -53,3 +53,22 @@ def test_norm_tune_smoke(tmp_path):
     assert {(r.op, r.pass_) for r in rows} == {(o, p) for o in ("layer_norm", "rms_norm") for p in ("fwd", "fwd+bwd")}
     assert all(r.status == "ok" for r in rows), [(r.provider, r.status) for r in rows if r.status != "ok"]
     assert "norm_tune" in out.stdout
+    # the forward's long-row settings (12288-16384 columns) are among those timed
+    assert {"kernelab~fwd no register cap", "kernelab~fwd teams past 8192"} <= providers
+
+
+def test_ops_host_smoke(tmp_path):
+    """benchmarks/ops_host.py's GPU flow on CPU tensors under the interpreter: kernelab with direct
+    launches equals Triton's path and eager, the CSV holds thread and wall times, layer_norm's
+    pieces and the Python Function floor print. Measures nothing."""
+    out = subprocess.run([sys.executable, "benchmarks/ops_host.py", str(tmp_path), "--smoke", "--ops", "layer_norm",
+                          "--at", "4x32"], cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
+                                                          "TRITON_INTERPRET": "1"},
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "checks: layer_norm ok" in out.stdout
+    header, *rows = (tmp_path / "ops_host.csv").read_text().splitlines()
+    assert header.startswith("op,pass,provider,host_us,x_eager,wall_us,wall_x_eager")
+    assert {r.split(",")[2] for r in rows} == {"eager", "kernelab", "kernelab (Triton path)"}
+    for piece in ("_norm_backward inside autograd's backward", "python Function floor fwd+bwd", "4x32"):
+        assert piece in out.stdout

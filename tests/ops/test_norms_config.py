@@ -26,6 +26,7 @@ CONFIGS = {
     # the forward's long-row settings: no register cap, and rows past 4096 taken by the long-row
     # path (teams on a GPU, the looped kernel under the interpreter)
     "forward: no register cap, long rows past 4096": norms.NormConfig(fwd_reg_cap=0, fwd_one_pass_max=4096),
+    "forward: looped kernel past 4096": norms.NormConfig(fwd_one_pass_max=4096, fwd_teams=False),
 }
 #: (rows, width): model widths with an odd number of rows (rows per program do not divide evenly)
 SHAPES = [(37, 768), (9, 2880), (5, 5120), (7, 7168), (3, 12288)]
