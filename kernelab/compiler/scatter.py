@@ -74,10 +74,12 @@ class ScatterAddRows:
         width = base.numel() // base.shape[0]  # base is not empty (fits)
         if n_idx == 0:
             return base
-        rows = values.reshape(n_idx, width)  # a view when values are contiguous, else one copy
+        # a view where the values' layout allows one (any strides: a transposed gradient, as a
+        # product's backward hands over, is read through both of them), else one copy
+        rows = values.reshape(n_idx, width)
         block = min(pow2(width), MAX_BLOCK)
         grid = ((n_idx + ROWS - 1) // ROWS,)
-        _launcher()(grid, base, idx, rows, n_idx, base.shape[0], width, rows.stride(0),
+        _launcher()(grid, base, idx, rows, n_idx, base.shape[0], width, rows.stride(0), rows.stride(1),
                     ROWS=ROWS, BLOCK=block, num_warps=4 if block >= 512 else 2)
         return base
 
@@ -93,7 +95,7 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def kl_scatter_add_rows(base_ptr, idx_ptr, src_ptr, n_idx, n_rows, width, src_stride,
+    def kl_scatter_add_rows(base_ptr, idx_ptr, src_ptr, n_idx, n_rows, width, src_stride, src_col_stride,
                             ROWS: tl.constexpr, BLOCK: tl.constexpr):
         # ROWS indices a program; their value rows are added into base[idx] BLOCK columns a step
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -106,7 +108,8 @@ def _kernel():
         for start in range(0, width, BLOCK):
             cols = start + tl.arange(0, BLOCK)[None, :]
             mask = rmask[:, None] & (cols < width)
-            v = tl.load(src_ptr + source + cols, mask=mask, other=0.0)
+            # (a column stride of 1, the usual case, is specialized by Triton: contiguous loads)
+            v = tl.load(src_ptr + source + cols * src_col_stride, mask=mask, other=0.0)
             v = tl.where(ok[:, None], v, float("nan"))
             tl.atomic_add(base_ptr + target + cols, v, mask=mask, sem="relaxed")
 
