@@ -149,7 +149,10 @@ def _straight_line(runner: "GraphRunner"):
     def expr(a) -> str:
         if isinstance(a, fx.Node):
             if fusion.is_constant(a) and a not in defined:
-                return f"lookup({bind('n', a)}, {{}})"
+                # made here (``lookup``) from the values its shape comes from, if any: a symbolic
+                # size (full([s0, 6], 0) under dynamic shapes) is a placeholder or a sym_size node
+                made_from = ", ".join(f"{bind('n', p)}: {names[p]}" for p in value_inputs(a))
+                return f"lookup({bind('n', a)}, {{{made_from}}})"
             return names[a]
         if isinstance(a, (list, tuple)):
             inner = ", ".join(expr(x) for x in a)
@@ -172,7 +175,7 @@ def _straight_line(runner: "GraphRunner"):
                 outs = "".join(names[n] + ", " for n in item.group.outputs)
                 line = (f"    {outs} = {g}.run_values([{raw}], [{scalars}])" if outs
                         else f"    {g}.run_values([{raw}], [{scalars}])") + f"  # {item.group.name}"
-                reads = [p for n in item.group.nodes for p in n.all_input_nodes]
+                reads = [p for n in item.group.nodes for p in value_inputs(n, constants=True)]
                 statements.append((line, reads, list(item.group.outputs)))
                 defined.update(item.group.outputs)
             elif item in elided:
@@ -186,7 +189,7 @@ def _straight_line(runner: "GraphRunner"):
                 target = runner.target(item)
                 target = _direct_target(target) if target is item.target else target
                 statements.append((f"    {names[item]} = {bind('t', target)}({', '.join(args)})  # {item.name}",
-                                   list(item.all_input_nodes), [item]))
+                                   value_inputs(item, constants=True), [item]))
                 defined.add(item)
         out = runner.output_args
         if not isinstance(out, (list, tuple)):
@@ -206,7 +209,7 @@ def _straight_line(runner: "GraphRunner"):
     lines.append("    if args.__class__ is list: args.clear()")
     for node in runner.padding.copies:
         lines.append(f"    {names[node]} = {bind('p', layout.padded_copy)}({names[node]}, {runner.padding.rows[node]})")
-    keep = set(runner.attrs) | set(nodes_in(out))
+    keep = set(runner.attrs) | set(nodes_in(out)) | {p for a in nodes_in(out) for p in value_inputs(a)}
     last = {}
     for i, (_, reads, defines) in enumerate(statements):
         for n in defines:
@@ -226,6 +229,30 @@ def _straight_line(runner: "GraphRunner"):
     # tracebacks, profilers and allocator histories through the runner show its lines
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return source, scope["run"]
+
+
+def value_inputs(node: fx.Node, constants: bool = False) -> list:
+    """The values ``node`` reads when it runs: its inputs, with each constant input (made on demand
+    by ``lookup``, never a step of its own) followed through to the values it is made from (the
+    symbolic sizes of ``full([s0, 6], 0)`` under dynamic shapes: a placeholder, a sym_size node),
+    so that schedules keep those values and order the steps after them. ``constants``: the constant
+    inputs themselves listed too."""
+    out, seen = [], set()
+
+    def walk(n: fx.Node) -> None:
+        for p in n.all_input_nodes:
+            if p in seen:
+                continue
+            seen.add(p)
+            if fusion.is_constant(p):
+                if constants:
+                    out.append(p)
+                walk(p)
+            else:
+                out.append(p)
+
+    walk(node)
+    return out
 
 
 def _fetch_attr(gm: fx.GraphModule, target: str):
@@ -254,7 +281,7 @@ def _schedule(gm, part, runners) -> list:
     deps = [set() for _ in units]
     for n, u in list(unit_of.items()):
         if isinstance(n, fx.Node):
-            for p in n.all_input_nodes:
+            for p in value_inputs(n):
                 if p in unit_of and unit_of[p] != u:
                     deps[u].add(unit_of[p])
             mutated = fusion.mutated_input(n)
@@ -286,12 +313,12 @@ def _release(args) -> None:
 
 def _last_uses(steps, output, part) -> list:
     """After which step each value can be dropped, inputs included (keeps peak memory like eager)."""
-    keep = set(output.all_input_nodes)
+    keep = set(value_inputs(output, constants=True))
     last = {}
     for i, (kind, item) in enumerate(steps):
         members = item.group.nodes if kind == "group" else [item]
         for n in members:
-            for p in n.all_input_nodes:
+            for p in value_inputs(n, constants=True):
                 last[p] = i
     frees = [[] for _ in steps]
     for n, i in last.items():
