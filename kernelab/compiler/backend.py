@@ -110,6 +110,11 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
             # instead of a copy_ per input in aot_autograd's epilogue
             keep_inference_input_mutations=True,
         )
+    except torch._dynamo.exc.RestartAnalysis:
+        # dynamo's own control flow, not a failure: it re-traces the frame (a float scalar made a
+        # tensor, say) and calls the backend again. Caught below, the graph ran eagerly instead:
+        # kernelab.count of Qwen3's step after Gemma-2's predicted eager's 337 kernels, not 109
+        raise
     except Exception as exc:  # tracing or partitioning failed: the graph runs as dynamo captured it
         if config.strict():
             raise

@@ -854,3 +854,26 @@ def test_a_second_batch_size_runs_and_matches_eager(name):
                 assert a is None or not a.any()
             else:
                 assert_close(a, e, what=f"{name} gradient, batch {batch}")
+
+
+def test_dynamo_restarts_pass_through_the_backend(monkeypatch):
+    """A RestartAnalysis raised while the backend traces (dynamo's signal to trace the frame again,
+    e.g. ``TensorifyScalarRestartAnalysis`` when a float scalar becomes a tensor) is dynamo's control
+    flow, not a failure: it must reach dynamo. The backend caught it as a failed graph and ran the
+    graph eagerly: ``kernelab.count(step, qwen3, ids, mode="kernelab")`` after a count of Gemma-2's
+    step predicted eager's 337 kernels instead of the compiled 109 (a held-out sweep)."""
+    import torch._functorch.aot_autograd as aot_autograd
+    from torch._dynamo.exc import RestartAnalysis, TensorifyScalarRestartAnalysis
+
+    from kernelab.compiler import backend
+
+    def restart(*args, **kwargs):
+        raise TensorifyScalarRestartAnalysis()
+
+    monkeypatch.setattr(aot_autograd, "aot_module_simplified", restart)
+    monkeypatch.setenv("KERNELAB_STRICT", "0")  # as users run: failures fall back (strict re-raises all)
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    klc.reset_events()
+    with pytest.raises(RestartAnalysis):
+        backend.kernelab_backend(gm, [torch.randn(2)])
+    assert klc.events().fallbacks == []
