@@ -53,7 +53,11 @@ if GRID == "programs":
     CBLOCKS, XBLOCK_ELEMS, WARPS, MIN_TILES, PER_SM = (32, 64), (4096, 8192), (4, 8), (2,), (2, 4, 8)
 #: ``COLUMN_TUNE_CBLOCKS=32,64,128,256`` replaces the column blocks (wide sums: a vocabulary's bias)
 if os.environ.get("COLUMN_TUNE_CBLOCKS"):
-    CBLOCKS = tuple(int(v) for v in os.environ["COLUMN_TUNE_CBLOCKS"].split(","))
+    try:
+        CBLOCKS = tuple(int(v) for v in os.environ["COLUMN_TUNE_CBLOCKS"].split(","))
+    except ValueError:
+        sys.exit(f"column_tune.py: COLUMN_TUNE_CBLOCKS must be comma-separated integers, got "
+                 f"{os.environ['COLUMN_TUNE_CBLOCKS']!r}")
 
 
 def bench_us(f) -> float:

@@ -150,12 +150,13 @@ def steps(inputs, grad_of, fn, g=None) -> tuple:
 def measure(calls: dict, n: int, repeats: int, sync=None) -> dict:
     """name -> per-round (thread CPU us, wall us, issue us) per call: rounds of ``n`` calls, the
     rounds of all calls interleaved; "issue" is the wall time until the last call returned (the
-    GPU may still be working), "wall" until the GPU finished too. On a GPU (``sync`` given) the GPU is idle before each round and waited
-    for after it, so the wall time also holds the autograd engine's device thread, where CUDA
-    backward functions run (the calling thread only waits there: its CPU time misses them), and
-    GPU time the host does not cover (small inputs: a few us a kernel)."""
+    GPU may still be working), "wall" until the GPU finished too. On a GPU (``sync`` given) the
+    GPU is idle before each round and waited for after it, so the wall time also holds the
+    autograd engine's device thread, where CUDA backward functions run (the calling thread only
+    waits there: its CPU time misses them), and GPU time the host does not cover (small inputs:
+    a few us a kernel)."""
     for fn in calls.values():
-        for _ in range(min(20, n)):  # warm-up (a smoke run's few calls: as few)
+        for _ in range(min(20, n)):  # warm-up; a smoke run's 2 calls warm up twice
             fn()
     times = {name: [] for name in calls}
     for _ in range(repeats):
@@ -410,15 +411,24 @@ def gpu_main(args) -> int:
     print(f"machine: {machine()}; {gpu}")
     print(render(rows, args.steps, args.repeats, "real launches on " + gpu, wall=True))
     print("\n".join(norm_parts(device, n=args.steps, repeats=args.repeats, sync=sync)))
-    for at in args.at or ():
-        shape = tuple(int(v) for v in at.lower().split("x"))
+    for shape in args.at or ():
         print("\n".join(norm_parts(device, shape, n=min(20, args.steps), repeats=args.repeats, sync=sync)))
     if not args.smoke and args.trace_shape:
-        shape = tuple(int(v) for v in args.trace_shape.lower().split("x"))
-        tables = "\n".join(profiler_table(op, shape, out_dir=out_dir) for op in ("layer_norm", "rms_norm"))
+        tables = "\n".join(profiler_table(op, args.trace_shape, out_dir=out_dir) for op in ("layer_norm", "rms_norm"))
         (out_dir / "ops_host_profile.txt").write_text(tables + "\n")
         print(tables)
     return 0 if all(result == "ok" for result in checks.values()) else 1
+
+
+def _rows_by_width(text: str) -> tuple[int, int]:
+    """``MxN`` (e.g. 16384x2048) -> (M, N); anything else is argparse's one-line usage error."""
+    try:
+        m, n = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ROWSxWIDTH such as 16384x2048, got {text!r}") from None
+    if m < 1 or n < 1:
+        raise argparse.ArgumentTypeError(f"rows and width must be positive, got {text!r}")
+    return m, n
 
 
 def parser(ops=OPS) -> argparse.ArgumentParser:
@@ -431,9 +441,9 @@ def parser(ops=OPS) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, help="rounds (default 15 stubbed, 7 on a GPU)")
     p.add_argument("--out", type=Path, help="stubbed: also write the table (with the machine) to this file")
     p.add_argument("--profile", choices=OPS, help="stubbed: cProfile kernelab's forward+backward of this op")
-    p.add_argument("--at", nargs="+", help="GPU: also time layer_norm's pieces at these MxN (float32), "
+    p.add_argument("--at", nargs="+", type=_rows_by_width, help="GPU: also time layer_norm's pieces at these MxN (float32), "
                    "host and GPU time together (e.g. 16384x2048)")
-    p.add_argument("--trace-shape", help="GPU: also profile the norms' forward+backward at this MxN (bf16), "
+    p.add_argument("--trace-shape", type=_rows_by_width, help="GPU: also profile the norms' forward+backward at this MxN (bf16), "
                    "every thread's CPU time and a Chrome trace each (e.g. 16384x2048)")
     p.add_argument("--smoke", action="store_true",
                    help="the GPU flow on CPU tensors under TRITON_INTERPRET=1 (checks the script, measures nothing)")

@@ -638,7 +638,7 @@ def _(dy, x, weight, mean, rstd, n, rms, need_dw, need_db):
 def _setup_context(ctx, inputs, output):
     x, n, weight, bias, eps, rms = inputs
     _, mean, rstd = output
-    ctx.n, ctx.rms, ctx.eps, ctx.has_bias = n, rms, eps, bias is not None
+    ctx.n, ctx.rms, ctx.eps = n, rms, eps
     ctx.bias_dtype = bias.dtype if bias is not None else None
     ctx.save_for_backward(x, weight, mean, rstd)
     # mean and rstd are internal outputs: no zero gradients are built for them (see _common)
@@ -649,16 +649,24 @@ def _backward(ctx, dy, _dmean, _drstd):
     """The registered op's backward (what tracing records; eager calls take ``_Norm``)."""
     if dy is None:
         return None, None, None, None, None, None
+    dx, dw, db = _grads(ctx, dy, DEFAULT)
+    return dx, None, dw, db, None, None
+
+
+def _grads(ctx, dy, config: NormConfig):
+    """(dx, dw, db) of one call, None for the weight or bias gradient nobody asked for: the backward
+    of the registered op and of the eager ``_Norm`` alike."""
     x, weight, mean, rstd = ctx.saved_tensors
     need_dw = weight is not None and ctx.needs_input_grad[2]
-    need_db = ctx.has_bias and ctx.needs_input_grad[3]
+    need_db = ctx.bias_dtype is not None and ctx.needs_input_grad[3]
     if _common.builds_graph():  # double backward: PyTorch's differentiable gradients
         dx, dw, db = _reference_grads(ctx, dy, x, weight, need_dw, need_db)
-        return dx, None, dw, db, None, None
-    dx, dw, db = _common.call(
-        _norm_backward_op, _norm_backward, dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db
-    )
-    return dx, None, dw if need_dw else None, db if need_db else None, None, None
+    elif config is DEFAULT:  # the custom op when tracing (also a dispatch mode begun after the forward)
+        dx, dw, db = _common.call(_norm_backward_op, _norm_backward, dy, x, weight, mean, rstd, ctx.n, ctx.rms,
+                                  need_dw, need_db)
+    else:
+        dx, dw, db = _norm_backward(dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db, config)
+    return dx, dw if need_dw else None, db if need_db else None
 
 
 def _reference_grads(ctx, dy, x, weight, need_dw: bool, need_db: bool):
@@ -693,18 +701,8 @@ class _Norm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        need_dw = weight is not None and needs[2]
-        need_db = ctx.bias_dtype is not None and needs[3]
-        if _common.builds_graph():  # double backward: PyTorch's differentiable gradients
-            dx, dw, db = _reference_grads(ctx, dy, x, weight, need_dw, need_db)
-        elif ctx.config is DEFAULT:  # the custom op under a dispatch mode that began after the forward
-            dx, dw, db = _common.call(_norm_backward_op, _norm_backward, dy, x, weight, mean, rstd, ctx.n, ctx.rms,
-                                      need_dw, need_db)
-        else:
-            dx, dw, db = _norm_backward(dy, x, weight, mean, rstd, ctx.n, ctx.rms, need_dw, need_db, ctx.config)
-        return dx, None, dw if need_dw else None, db if need_db else None, None, None, None
+        dx, dw, db = _grads(ctx, dy, ctx.config)
+        return dx, None, dw, db, None, None, None
 
 
 # --------------------------------------------------------------------------- public functions

@@ -72,3 +72,10 @@ def test_ops_host_smoke(tmp_path):
     assert {r.split(",")[2] for r in rows} == {"eager", "kernelab", "kernelab (Triton path)"}
     for piece in ("_norm_backward inside autograd's backward", "python Function floor fwd+bwd", "4x32"):
         assert piece in out.stdout
+
+
+def test_ops_host_refuses_a_malformed_shape():
+    out = subprocess.run([sys.executable, "benchmarks/ops_host.py", "--at", "16384x"], cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "expected ROWSxWIDTH" in out.stderr and "Traceback" not in out.stderr
