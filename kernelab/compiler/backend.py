@@ -50,7 +50,22 @@ def decompositions() -> dict:
     # decomposing only the forward gave gradients off by 25-33x relative norm (issue 11)
     for op in _KEEP_WHOLE:
         table.pop(getattr(aten, op).default, None)
+    no_training = aten._native_batch_norm_legit_no_training.default
+    table[no_training] = _stats_in_their_dtype(table[no_training])
     return table
+
+
+def _stats_in_their_dtype(decomposition):
+    """Inference batch norm's decomposition with its (empty) saved statistics in the running
+    statistics' dtype, as ATen makes them: torch's makes them in the input's dtype, and the batch
+    norm backward we keep whole (below) refuses float16 statistics beside float32 running ones on
+    the CPU ("mixed dtype (CPU)": a float16 model's frozen batch norm, backward through it)."""
+
+    def batch_norm(input, weight, bias, running_mean, running_var, momentum, eps):
+        out, mean, rstd = decomposition(input, weight, bias, running_mean, running_var, momentum, eps)
+        return out, mean.to(running_mean.dtype), rstd.to(running_var.dtype)
+
+    return batch_norm
 
 
 #: Ops kept out of the decomposition table, each with its backward op run as ATen alongside it.

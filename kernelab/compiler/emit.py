@@ -12,7 +12,7 @@ import torch
 import torch.fx as fx
 
 from . import fusion
-from .ops_table import COMPARE, NO_PROMOTION, POINTWISE, compute_type, literal
+from .ops_table import COMPARE, NARROW_FLOATS, NO_PROMOTION, POINTWISE, compute_type, literal, tl_type
 
 __all__ = ["Load", "loads_of", "piece_of", "arange_of", "Emitter", "local_name", "name_locally", "var_name",
            "doc_lines", "node_expression", "emit_coordinates", "strided_signature", "full_load", "emit_node",
@@ -81,8 +81,10 @@ class Emitter:
     def emit(self, line: str) -> None:
         self.lines.append(self.indent + line if line else "")
 
-    def operand(self, arg, want: str | None):
-        """Source for one argument, cast to the compute type ``want`` where it differs."""
+    def operand(self, arg, want: str | None, common: torch.dtype | None = None):
+        """Source for one argument, cast to the compute type ``want`` where it differs. ``common``:
+        the op's common dtype (type promotion); a tensor of another dtype is converted to it
+        first, as ATen does, so an int64 of 2**40 or 2049 meets a float16 as inf or 2048."""
         if not isinstance(arg, fx.Node):
             return literal(arg) if isinstance(arg, (int, float, bool)) else repr(arg)
         if fusion.is_constant(arg):
@@ -90,7 +92,11 @@ class Emitter:
         name = self._name_of(arg)
         if fusion.is_scalar(arg):
             return name
-        have = compute_type(fusion.value(arg).dtype)
+        dtype = fusion.value(arg).dtype
+        have = compute_type(dtype)
+        if common in NARROW_FLOATS and dtype != common:
+            # via float32, as c10::Half(int64) converts: through float
+            return f"{name}.to(tl.float32).to({tl_type(common)}).to(tl.float32)"
         if want and have != want:
             return f"({name} != 0)" if want == "tl.int1" else f"{name}.to({want})"
         return name
@@ -150,17 +156,23 @@ def doc_lines(group, loads, passes: str = "once") -> list[str]:
 # node expressions
 
 
-def _op_types(node) -> tuple[str | None, str]:
-    """(type each tensor operand is cast to, type of the result)."""
+def _op_types(node) -> tuple[str | None, str, torch.dtype | None]:
+    """(type each tensor operand is cast to, type of the result, the operands' common dtype)."""
     name = fusion.target_name(node)
-    out = compute_type(fusion.value(node).dtype)
+    dtype = fusion.value(node).dtype
+    out = compute_type(dtype)
     if name in COMPARE:
         vals = [fusion.value(a) if hasattr(a, "meta") else a for a in node.args[:2]]
         probe = [torch.empty((0,) if v.dim() else (), dtype=v.dtype) if isinstance(v, torch.Tensor) else v for v in vals]
-        return compute_type(torch.result_type(*probe)), out
+        common = torch.result_type(*probe)
+        return compute_type(common), out, common
+    if name == "aten.where.self":
+        return out, out, dtype
     if name in NO_PROMOTION:
-        return None, out
-    return out, out
+        return None, out, None
+    # an op whose result is a float computed from integers (true division) converts them straight
+    # to the result's type, as ATen does; otherwise the result's dtype is the common dtype
+    return out, out, dtype
 
 
 def node_expression(em: Emitter, node) -> str:
@@ -168,7 +180,7 @@ def node_expression(em: Emitter, node) -> str:
     name = fusion.target_name(node)
     if fusion.is_cat(node):
         return em.cat_expression(node)
-    want, out = _op_types(node)
+    want, out, common = _op_types(node)
     if name not in POINTWISE:  # a view kept inside the kernel: the same values
         return em.operand(node.args[0], None)
     args = fusion.bound_args(node)
@@ -177,11 +189,13 @@ def node_expression(em: Emitter, node) -> str:
         if key == "condition":
             bound[key] = em.operand(value, "tl.int1")
         elif key in ("self", "other", "a", "input", "exponent", "min", "max"):
-            bound[key] = em.operand(value, want if name != "aten.where.self" else out)
+            bound[key] = em.operand(value, want, common)
         elif isinstance(value, str):
             bound[key] = repr(value)
         else:
             bound[key] = literal(value) if isinstance(value, (int, float, bool)) else repr(value)
+    if name == "aten.div.Tensor_mode" and fusion.value(node).dtype in NARROW_FLOATS:
+        bound["kl_narrow"] = tl_type(fusion.value(node).dtype)
     expr = POINTWISE[name](bound)
     if name in ("prims.convert_element_type.default", "aten._to_copy.default"):
         expr = _convert(expr, fusion.value(node.args[0]).dtype, fusion.value(node).dtype)

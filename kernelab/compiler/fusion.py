@@ -220,16 +220,25 @@ def _bad_dtype(node) -> str:
     return ""
 
 
+_ROUNDING = ("aten.floor.default", "aten.ceil.default", "aten.trunc.default", "aten.round.default")
+
+
 def _pointwise_refusal(node, name) -> str:
     args = bound_args(node)
     if not any(is_tensor_node(p) and not is_constant(p) for p in node.all_input_nodes):
         return "no tensor input: nothing to fuse"
     if name == "aten.pow.Tensor_Scalar":
         e = args.get("exponent")
-        if not isinstance(e, numbers.Number) or float(e) not in (0.0, 1.0, 2.0, 3.0, 4.0, 0.5, -0.5, -1.0, -2.0):
+        if not isinstance(e, numbers.Number) or isinstance(e, bool) or float(e) not in (0.0, 1.0, 2.0, 3.0, 4.0, 0.5, -0.5, -1.0, -2.0):
             return f"pow with exponent {e}: no exact short Triton expression"
     if name == "aten.pow.Scalar" and not (isinstance(args.get("self"), numbers.Number) and args["self"] > 0):
         return "pow of a non-positive scalar base"
+    if name == "aten.pow.Scalar" and not value(node).is_floating_point():
+        return "an integer power of a scalar base: exp and log in floats would round it"
+    if name in _ROUNDING and not value(node).is_floating_point():
+        return f"{name.split('.')[1]} of integers is the identity: left to ATen"
+    if _unsigned_meets_negative(node, args):
+        return "a negative number with uint8 tensors: Triton refuses the mix, ATen wraps it to uint8"
     if name == "aten.div.Tensor_mode" and not value(node).is_floating_point():
         return "integer division with rounding: C and Python semantics differ"
     if name in ("aten.bitwise_not.default",) and value(node).dtype != torch.bool:
@@ -239,6 +248,16 @@ def _pointwise_refusal(node, name) -> str:
                                                                                     torch.contiguous_format)):
         return "a copy to another device or memory format"
     return ""
+
+
+def _unsigned_meets_negative(node, args) -> bool:
+    """A uint8 tensor and a negative number (an argument, or a constant input) in one op."""
+    tensors = [value(node)] + [value(p) for p in node.all_input_nodes if is_tensor_node(p)]
+    if not any(t.dtype == torch.uint8 for t in tensors):
+        return False
+    numbers_in = [v for v in args.values() if isinstance(v, numbers.Number)]
+    numbers_in += [constant_value(p) for p in node.all_input_nodes if is_constant(p)]
+    return any(isinstance(v, numbers.Number) and v < 0 for v in numbers_in)
 
 
 def constant_along_rows(node) -> bool:

@@ -618,7 +618,18 @@ def _alloc_rows(node, role: str, shape, device, out_row: int) -> torch.Tensor:
 def _row_shape(meta, shape) -> list[int]:
     """A row value's runtime shape: the leading dims, with the meta value's kept 1s."""
     lead = list(shape[:-1])
-    return lead + [1] if meta.dim() == len(shape) else lead
+    if meta.dim() == len(lead):
+        return lead
+    if meta.dim() == len(shape) and isinstance(meta.shape[-1], int) and meta.shape[-1] == 1:
+        return lead + [1]
+    # a row value viewed with its 1 elsewhere ((N, C) rows as (N, 1, C): group norm of one group)
+    raise NotImplementedError(f"a per-row value of symbolic shape {tuple(meta.shape)} over rows {lead}")
+
+
+def _in_row_order(t: torch.Tensor, lead: list[int]) -> bool:
+    """``t`` holds one value per row, its dims the rows' dims in order with 1s anywhere: (N, 1, C)
+    for rows (N, C). Such a value is a reshape of the rows, not a broadcast."""
+    return t.numel() == math.prod(lead) and [s for s in t.shape if s != 1] == [s for s in lead if s != 1]
 
 
 def _as_rows(t: torch.Tensor, load, group, shape) -> torch.Tensor:
@@ -626,13 +637,16 @@ def _as_rows(t: torch.Tensor, load, group, shape) -> torch.Tensor:
     last-dim stride is 0 (row loads)."""
     if load.role == "full":
         return t.expand(shape)
+    lead = list(shape[:-1])
+    if _in_row_order(t, lead):
+        return t.reshape(lead + [1]).expand(shape)
     if fusion.constant_along_rows(load.node):  # a scalar or size 1 in the last dim
         if t.dim() > len(shape):  # size-1 dims beyond the rows: an (N, C, 1, 1) gate, (N, C, H*W) rows
             t = t.reshape([]) if t.numel() == 1 else t.reshape(list(shape[:-1]) + [1])
         return t.expand(list(shape[:-1]) + [1]).expand(shape)
     users = [n for n in group.nodes if load.node in n.all_input_nodes and group.roles[n] == "row"]
-    node_shape = _row_shape(fusion.value(users[0]), shape) if users else list(shape[:-1]) + [1]
-    per_row = t.expand(node_shape).reshape(list(shape[:-1]) + [1])
+    node_shape = _row_shape(fusion.value(users[0]), shape) if users else lead + [1]
+    per_row = t.expand(node_shape).reshape(lead + [1])
     return per_row.expand(shape)
 
 

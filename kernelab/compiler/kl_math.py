@@ -40,6 +40,8 @@ def expm1(x):
     u = tl.exp(x)
     um1 = u - 1.0
     r = tl.where(um1 == 0.0, x, um1 * x / tl.log(u))
+    # past |x| = 1 there is no cancellation left to avoid, and (u - 1) x would overflow near x = 88
+    r = tl.where(tl.abs(x) > 1.0, um1, r)
     return tl.where(u == float("inf"), u, tl.where(um1 == -1.0, -1.0, r))
 
 
@@ -65,11 +67,30 @@ def isnan(x):
 
 @triton.jit
 def round_half_even(x):
-    """torch.round: to nearest, ties to even."""
-    r = tl.floor(x + 0.5)
-    tie = (r - x) == 0.5
-    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
-    return tl.where(tie & odd, r - 1.0, r)
+    """torch.round: to nearest, ties to even. From the fraction x - floor(x), which is exact in
+    binary floating point (floor(x + 0.5) is not: 0.49999997 + 0.5 rounds to 1.0 in float32)."""
+    f = tl.floor(x)
+    frac = x - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+    up = (frac > 0.5) | ((frac == 0.5) & odd)
+    return tl.where(up, f + 1.0, f)
+
+
+@triton.jit
+def div_floor(a, b):
+    """torch.div(a, b, rounding_mode="floor") of floats, computed as ATen does (div_floor_floating):
+    from the exact remainder fmod(a, b) (Triton's % of floats), not as floor(a / b), which rounds
+    first: 1.0 // 0.1 is 9 (1.0 / 0.1 rounds to 10), inf // 3 is NaN, x // 0 is x / 0."""
+    q = a / b
+    mod = a % b
+    div = (a - mod) / b
+    div = tl.where((mod != 0.0) & ((b < 0.0) != (mod < 0.0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    # a zero quotient keeps the sign of a / b (copysign(0, a / b)); 1 / -0.0 is -inf
+    negative = (q < 0.0) | ((q == 0.0) & (1.0 / q < 0.0))
+    zero = tl.where(negative, -0.0, 0.0)
+    return tl.where(b == 0.0, q, tl.where(div != 0.0, fl, zero))
 
 
 @triton.jit

@@ -12,7 +12,8 @@ import math
 
 import torch
 
-__all__ = ["POINTWISE", "REDUCTIONS", "VIEWS", "CONSTANTS", "COMPARE", "compute_type", "literal", "tl_type"]
+__all__ = ["POINTWISE", "REDUCTIONS", "VIEWS", "CONSTANTS", "COMPARE", "NARROW_FLOATS", "compute_type", "literal",
+           "tl_type"]
 
 _TL = {
     torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
@@ -20,6 +21,8 @@ _TL = {
     torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1",
 }
 SUPPORTED_DTYPES = frozenset(_TL)
+#: Floats held in float32 inside a kernel: rounded to their own type where they are stored.
+NARROW_FLOATS = frozenset({torch.float16, torch.bfloat16})
 
 
 def tl_type(dtype: torch.dtype) -> str:
@@ -41,6 +44,8 @@ def literal(value) -> str:
         return str(value)
     if math.isnan(value):
         return 'float("nan")'
+    if value == 0.0 and math.copysign(1.0, value) < 0:
+        return 'float("-0.0")'  # Triton folds the literal -0.0 to +0.0 (x / -0.0 gave +inf)
     if math.isinf(value):
         return 'float("inf")' if value > 0 else 'float("-inf")'
     return repr(float(value))
@@ -62,7 +67,10 @@ def _pow(a):
         ev = float(e.replace('float("', "").replace('")', "")) if not e.startswith("v") else None
     except ValueError:
         ev = None
-    table = {0.0: f"({x} * 0 + 1)", 1.0: f"{x}", 2.0: f"({x} * {x})", 3.0: f"({x} * {x} * {x})",
+    # ATen computes the exponents 0.5 and -0.5 as sqrt and rsqrt too (pow(-inf, 0.5) is NaN there)
+    # pow(nan, 0) = pow(inf, 0) = 1, where x * 0 + 1 would be NaN
+    table = {0.0: f"tl.where({x} != {x}, 1, 1).to({x}.dtype)", 1.0: f"{x}", 2.0: f"({x} * {x})",
+             3.0: f"({x} * {x} * {x})",
              4.0: f"(({x} * {x}) * ({x} * {x}))", 0.5: f"tl.sqrt({x})", -0.5: f"tl.rsqrt({x})",
              -1.0: f"(1.0 / {x})", -2.0: f"(1.0 / ({x} * {x}))"}
     return table.get(ev)
@@ -77,20 +85,35 @@ def _pow_scalar_base(a):
 
 def _clamp(a):
     x, lo, hi = a["self"], a.get("min"), a.get("max")
-    # NaN passes through clamp, as in PyTorch: compare, never min/max
+    # NaN passes through clamp, as in PyTorch, from x and from a bound: compare, never min/max
     if lo not in (None, "None"):
-        x = f"tl.where({x} < {lo}, {lo}, {x})"
+        x = f"tl.where(({x} < {lo}) | ({lo} != {lo}), {lo}, {x})"
     if hi not in (None, "None"):
-        x = f"tl.where({x} > {hi}, {hi}, {x})"
+        x = f"tl.where(({x} > {hi}) | ({hi} != {hi}), {hi}, {x})"
     return x
+
+
+#: A literal zero divisor, as ``literal`` writes it, and the infinity of its sign: x / ±0 is
+#: x * ±inf for every x (NaN at 0 and NaN alike); Triton drops the sign of a literal -0.0.
+_ZERO_DIVISORS = {"0": 'float("inf")', "0.0": 'float("inf")', 'float("-0.0")': 'float("-inf")'}
+
+
+def _quotient(a) -> str:
+    x, y = a["self"], a["other"]
+    return f"{x} * {_ZERO_DIVISORS[y]}" if y in _ZERO_DIVISORS else f"{x} / {y}"
 
 
 def _div_mode(a):
     mode = a.get("rounding_mode")
-    q = f"{a['self']} / {a['other']}"
+    q = _quotient(a)
     if mode in (None, "None"):
         return q
-    return {"'floor'": f"tl.floor({q})", "'trunc'": f"klm.trunc({q})"}.get(mode)
+    narrow = a.get("kl_narrow")
+    if narrow and mode == "'trunc'":  # ATen divides two halves into a half, then truncates that
+        q = f"({q}).to({narrow}).to(tl.float32)"
+    if a["other"] in _ZERO_DIVISORS:  # ATen: a / b where b is 0, in both modes
+        return {"'floor'": q, "'trunc'": f"klm.trunc({q})"}.get(mode)
+    return {"'floor'": f"klm.div_floor({a['self']}, {a['other']})", "'trunc'": f"klm.trunc({q})"}.get(mode)
 
 
 def _where(a):
@@ -119,10 +142,10 @@ POINTWISE = {
     "aten.rsub.Scalar": lambda a: f"{a['other']} - {a['self']}{_alpha(a)}",
     "aten.mul.Tensor": lambda a: f"{a['self']} * {a['other']}",
     "aten.mul.Scalar": lambda a: f"{a['self']} * {a['other']}",
-    "aten.div.Tensor": lambda a: f"{a['self']} / {a['other']}",
-    "aten.div.Scalar": lambda a: f"{a['self']} / {a['other']}",
+    "aten.div.Tensor": _quotient,
+    "aten.div.Scalar": _quotient,
     "aten.div.Tensor_mode": _div_mode,
-    "prims.div.default": lambda a: f"{a['self']} / {a['other']}",
+    "prims.div.default": _quotient,
     "aten.neg.default": lambda a: f"-{a['self']}",
     "aten.abs.default": lambda a: f"tl.abs({a['self']})",
     "aten.exp.default": lambda a: f"tl.exp({a['self']})",
