@@ -135,8 +135,7 @@ def _reduce_expr(em: Emitter, n) -> list[str]:
     kind = fusion.reduction_kind(n)
     want = compute_type(fusion.value(n).dtype)
     em._load_role = "full"
-    x = em.operand(n.args[0], want)
-    xb = f"tl.broadcast_to({x}, [XBLOCK, RBLOCK])"
+    xb = em.block(n.args[0], want, "[XBLOCK, RBLOCK]")
     v = var_name(n)
     if kind in ("sum", "mean"):
         lines = [f"{v} = tl.sum(tl.where(mask, {xb}, 0), axis=1)[:, None]"]

@@ -63,8 +63,8 @@ def column_source(group, rank: int) -> str:
         if group.roles[n] == "full":
             em.emit(f"{var_name(n)} = {node_expression(em, n)}")
         elif fusion.is_reduction(n):
-            x = em.operand(n.args[0], _acc_type(n))
-            em.emit(f"{var_name(n)}_acc += tl.where(mask, tl.broadcast_to({x}, [XBLOCK, CBLOCK]), 0)")
+            x = em.block(n.args[0], _acc_type(n), "[XBLOCK, CBLOCK]")
+            em.emit(f"{var_name(n)}_acc += tl.where(mask, {x}, 0)")
     for i, n in enumerate(group.outputs):
         if group.roles[n] == "full":  # a value ATen reads too (a matmul's input): written once, here
             em.emit(f"tl.store(out{i}_ptr + row * n_cols + cols, tl.broadcast_to({var_name(n)}, [XBLOCK, CBLOCK])"

@@ -101,6 +101,14 @@ class Emitter:
             return f"({name} != 0)" if want == "tl.int1" else f"{name}.to({want})"
         return name
 
+    def block(self, arg, want: str, shape: str) -> str:
+        """``arg`` as a block of ``shape`` (a reduction's input): a tensor is broadcast; an inlined
+        constant is a Python number there, which has no shape, so it is filled (a sum of ones:
+        wav2vec2's output lengths from an all-ones mask)."""
+        if not isinstance(arg, fx.Node) or fusion.is_constant(arg):
+            return f"tl.full({shape}, {self.operand(arg, want)}, {want})"
+        return f"tl.broadcast_to({self.operand(arg, want)}, {shape})"
+
     def cat_expression(self, node) -> str:
         """cat(pieces, d): each element from the piece whose range of dim d holds it (every piece
         was loaded masked to its range, so one comparison a piece picks it)."""

@@ -382,7 +382,8 @@ class GroupRunner:
         shape = self.shape(raw)
         if any(s == 0 for s in shape):
             return None
-        device = _device(raw)
+        # a group may load no tensor at all (wav2vec2's output lengths: sizes and constants only)
+        device = _device(raw) if raw else fusion.value(self.group.outputs[0]).device
         moved = [_on(t, device) for t in raw]
         if self.group.kind == "pointwise":
             call = self.prepare_pointwise(moved, shape, device)

@@ -158,7 +158,7 @@ def _accumulate(em: Emitter, n, step: int) -> None:
     kind = fusion.reduction_kind(n)
     want = compute_type(fusion.value(n).dtype)
     em._load_role = "full"
-    x = f"tl.broadcast_to({em.operand(n.args[0], want)}, [XBLOCK, RBLOCK])"
+    x = em.block(n.args[0], want, "[XBLOCK, RBLOCK]")
     acc = f"acc_{local_name(n)}_{step}"
     fill, how = _ACC[kind]
     if how == "+":
@@ -172,7 +172,7 @@ def _accumulate_online(em: Emitter, a, s) -> None:
     """Per lane: m' = max(m, x); sum = sum * e^(m - m') + e^(x - m'). Lanes that saw only -inf
     keep a zero sum (never e^(-inf + inf)); a NaN makes the max NaN, and the sum with it."""
     em._load_role = "full"
-    x = f"tl.broadcast_to({em.operand(a.args[0], compute_type(fusion.value(a).dtype))}, [XBLOCK, RBLOCK])"
+    x = em.block(a.args[0], compute_type(fusion.value(a).dtype), "[XBLOCK, RBLOCK]")
     m, acc = f"acc_{local_name(a)}_0", f"acc_{local_name(s)}_0"
     em.emit(f"x_{local_name(a)} = tl.where(mask, {x}, float(\"-inf\"))")
     em.emit(f"m_new = klm.maximum_nan({m}, x_{local_name(a)})")

@@ -157,6 +157,11 @@ def group_norm_odd(x): return F.group_norm(x, 3, torch.ones(6), torch.zeros(6))
 def group_norm_one_group(x, w, b): return F.group_norm(x, 1, w, b)  # timm's PoolFormer (crashed: rows as (N, 1, C))
 @prog(lambda: R(2, 8, 1, 1), lambda: R(8), lambda: R(8))
 def group_norm_one_group_1x1(x, w, b): return F.group_norm(x, 1, w, b)
+@prog(lambda: R(4, 3))
+def reduce_constants(x):  # a kernel that loads no tensor (wav2vec2's lengths: a sum of ones) crashed
+    ones = torch.ones(x.shape[0], 7, dtype=torch.long)
+    wide = torch.full((x.shape[0], 5000), 0.5, dtype=x.dtype)  # a looped row
+    return x * (ones.sum(-1, keepdim=True) - 3) + wide.sum(-1, keepdim=True) + torch.ones_like(x).amax(-1, keepdim=True)
 @prog(lambda: R(5, 6))
 def detach_mix(x): return x * x.detach().sum() + x.detach().exp()
 @prog(lambda: R(5, 6))

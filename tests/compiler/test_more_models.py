@@ -1,5 +1,6 @@
 """Models outside ``kernelab.zoo``, as a user would bring them: Hugging Face Qwen2, Gemma, Phi-3,
-GPT-NeoX, OPT, RoBERTa and DistilBERT, torchvision's MobileNetV3 and RegNet, timm's EfficientNet and Swin,
+GPT-NeoX, OPT, RoBERTa, DistilBERT and Wav2Vec2, torchvision's MobileNetV3 and RegNet, timm's
+EfficientNet, Swin and PoolFormer,
 built from tiny configs (no weights), float32 on the CPU with the generated kernels under Triton's
 interpreter. One training step under backend="kernelab" against eager on the same weights: the
 loss and every parameter's gradient within the zoo's tolerances, nothing fallen back to ATen
@@ -64,6 +65,17 @@ MODELS = {
                                                          drop_rate=0.0, drop_path_rate=0.0)),
     # window attention with a relative-position bias table (its gradient: an accumulating index_put
     # of a transposed gradient; 0.9-1.2 relative off before the scatter kernel read both strides)
+    # GroupNorm of one group (its rows viewed as (N, 1, C) crashed the runner, 2026-12-04)
+    # speech: convolutions over raw audio, a CTC loss; its output lengths are a sum of an all-ones
+    # mask, a kernel that loads no tensor (crashed the runner, 2026-12-04)
+    "wav2vec2": (_hf("Wav2Vec2ForCTC", "Wav2Vec2Config", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=96, vocab_size=32, conv_dim=(32, 32), conv_stride=(5, 2),
+                     conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+                     mask_time_prob=0.0, layerdrop=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
+                     hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                     ctc_loss_reduction="mean")[0], "audio"),
+    "poolformer": _vision(lambda: timm.create_model("poolformer_s12", pretrained=False, num_classes=10,
+                                                    drop_rate=0.0, drop_path_rate=0.0), side=32),
     "swin": _vision(lambda: timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, num_classes=10,
                                               depths=(1, 1, 1, 1), embed_dim=32, num_heads=(1, 2, 2, 4),
                                               img_size=56, window_size=7, drop_path_rate=0.0)),
@@ -75,12 +87,14 @@ def _inputs(kind):
     if kind == "text":
         ids = torch.randint(2, 128, (2, 16), generator=gen)
         return {"input_ids": ids, "labels": ids.clone()}
+    if kind == "audio":
+        return {"input_values": torch.randn(2, 800, generator=gen), "labels": torch.randint(1, 32, (2, 5), generator=gen)}
     side = kind[1]
     return torch.randn(2, 3, side, side, generator=gen)
 
 
 def _loss(model, inputs, kind):
-    if kind == "text":
+    if kind in ("text", "audio"):
         return model(**inputs).loss
     return model(inputs).logsumexp(-1).mean()  # an image classifier's loss without labels
 
