@@ -363,13 +363,35 @@ def _finish(group: Group, group_of: dict) -> None:
     members = set(group.nodes)
     for n in group.nodes:
         for p in n.all_input_nodes:
-            if p in members or fusion.is_constant(p):
+            if p in members:
+                continue
+            if fusion.is_constant(p):  # inlined; but its sizes may be symbolic (ones(batch, 7))
+                for q in _constant_sizes(p):
+                    if q not in group.scalars:
+                        group.scalars.append(q)
                 continue
             target = group.scalars if fusion.is_scalar(p) else group.inputs
             if p not in target:
                 target.append(p)
         if any(u not in members for u in n.users):
             group.outputs.append(n)
+
+
+def _constant_sizes(node) -> list:
+    """The symbolic scalars a constant's shape is made from, through chains of constants: when
+    ATen makes the constant (a group that fell back), they must be at hand."""
+    out, todo, seen = [], [node], set()
+    while todo:
+        n = todo.pop()
+        for p in n.all_input_nodes:
+            if p in seen:
+                continue
+            seen.add(p)
+            if fusion.is_scalar(p):
+                out.append(p)
+            elif fusion.is_constant(p):
+                todo.append(p)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -311,10 +311,10 @@ class GroupRunner:
         allocates the outputs and launches."""
         # dtypes and devices are fixed for one graph (dynamo guards the inputs'; the rest follow):
         # sizes and strides are what can change (dynamic shapes, a differently strided input)
-        key = tuple([(t.shape, t.stride()) for t in raw])
+        key = tuple([(t.shape, t.stride()) for t in raw] + list(scalars))
         call = self.calls.get(key, False)
         if call is False:
-            call = self.calls[key] = self.prepare_or_refuse(raw)
+            call = self.calls[key] = self.prepare_or_refuse(raw, scalars)
         if call is None:
             return self.reference(raw, scalars)
         empty = call.empty
@@ -361,11 +361,11 @@ class GroupRunner:
         run_reference(self.group, env)
         return [env[n] for n in self.group.outputs]
 
-    def prepare_or_refuse(self, raw) -> "Call | None":
+    def prepare_or_refuse(self, raw, scalars=()) -> "Call | None":
         """A launch, or None (ATen runs the group) when generating or compiling the kernel fails:
         said once per group, with the reason; KERNELAB_STRICT=1 raises instead."""
         try:
-            return self.prepare(raw)
+            return self.prepare(raw, scalars)
         except Exception as exc:
             self.refuse(exc)
             return None
@@ -377,9 +377,9 @@ class GroupRunner:
         warnings.warn(f"kernelab: {self.group.name} runs as ATen ops: its kernel failed to build or launch "
                       f"({type(exc).__name__}: {exc})", KernelabFallbackWarning, stacklevel=3)
 
-    def prepare(self, raw) -> "Call | None":
+    def prepare(self, raw, scalars=()) -> "Call | None":
         """The launch for inputs like ``raw`` (None: empty tensors, run the ATen reference)."""
-        shape = self.shape(raw)
+        shape = self.shape(raw, scalars)
         if any(s == 0 for s in shape):
             return None
         # a group may load no tensor at all (wav2vec2's output lengths: sizes and constants only)
@@ -394,11 +394,19 @@ class GroupRunner:
         call.move = tuple(i for i, t in enumerate(raw) if t.device != device)
         return call
 
-    def shape(self, inputs) -> tuple:
-        static = all(isinstance(s, int) for s in self.group.shape)
-        if static:
-            return tuple(self.group.shape)
-        return tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
+    def shape(self, inputs, scalars=()) -> tuple:
+        """The group's iteration shape for these inputs: its symbolic sizes evaluated with the
+        values the inputs' sizes and the scalars give the symbols (``self.sizes``, kept for the
+        outputs' shapes). Broadcasting the inputs' shapes, as before, misaligned per-row values:
+        rows (N, 1) against (N, 1, C) gave N x N."""
+        known = {}
+        for t, node in zip(inputs, self.load_nodes):
+            for m, r in zip(fusion.value(node).shape, t.shape):
+                known[_expr(m)] = r
+        for node, v in zip(self.group.scalars, scalars):
+            known[_expr(fusion.value(node))] = int(v)
+        self.sizes = SymbolValues(known, self.group.name)
+        return self.sizes.shape(self.group.shape)
 
     # -- pointwise --------------------------------------------------------------------------
     def prepare_pointwise(self, raw, shape, device) -> "Call":
@@ -431,9 +439,9 @@ class GroupRunner:
         g = self.group
         n_cols = shape[-1]
         rows = math.prod(shape[:-1])
-        ins = [_as_rows(t, load, g, shape) for t, load in zip(raw, self.loads)]
+        ins = [_as_rows(t, load, g, shape, self.sizes) for t, load in zip(raw, self.loads)]
         out_row = self.out_row(shape)
-        outs = [_alloc_rows(n, g.roles[n], shape, META, out_row) for n in g.outputs]
+        outs = [_alloc_rows(n, g.roles[n], shape, META, out_row, self.sizes) for n in g.outputs]
         lead = list(shape[:-1]) or [1]
         contiguous_rows = [math.prod(lead[d + 1:]) for d in range(len(lead))]
         lead_strides = [list(t.stride()[:-1]) or [0] for t in ins] + [contiguous_rows]
@@ -574,6 +582,34 @@ def _alloc_cols(node, n_cols, device) -> torch.Tensor:
     return torch.empty(sizes, dtype=meta.dtype, device=device)
 
 
+class SymbolValues:
+    """Sizes of symbolic shapes at run time, from what the inputs' sizes and the scalars bind."""
+
+    def __init__(self, known: dict, where: str):
+        self.known = known
+        self.symbols = {e: v for e, v in known.items() if getattr(e, "is_Symbol", False)}
+        self.where = where
+
+    def size(self, s) -> int:
+        e = _expr(s)
+        if isinstance(e, int):
+            return e
+        value = self.known.get(e)
+        if value is None and not isinstance(e, int):
+            value = e.xreplace(self.symbols)
+        if value is None or not getattr(value, "is_number", True):
+            raise NotImplementedError(f"the size {s} in {self.where} is not known from its inputs")
+        return int(value)
+
+    def shape(self, shape) -> tuple:
+        return tuple(self.size(s) for s in shape)
+
+
+def _expr(size):
+    """A size as a sympy expression (an int stays an int)."""
+    return size.node.expr if isinstance(size, torch.SymInt) else size
+
+
 def _device(tensors) -> torch.device:
     """Where the kernel runs: the device of the inputs that are not 0-d CPU scalars."""
     for t in tensors:
@@ -607,17 +643,20 @@ def _alloc(node, shape, device, row_stride: int | None = None) -> torch.Tensor:
     return t.permute(inverse)
 
 
-def _alloc_rows(node, role: str, shape, device, out_row: int) -> torch.Tensor:
+def _alloc_rows(node, role: str, shape, device, out_row: int, symbols: "SymbolValues | None" = None) -> torch.Tensor:
     """A reduction group's output: full size with rows ``out_row`` apart, or one value per row."""
     meta = fusion.value(node)
     if role == "full":
         return torch.empty_strided(shape, layout.padded_strides(shape, out_row), dtype=meta.dtype, device=device)
-    sizes = list(meta.shape) if fusion.static_shape(meta) else _row_shape(meta, shape)
+    sizes = list(meta.shape) if fusion.static_shape(meta) else _row_shape(meta, shape, symbols)
     return torch.empty(sizes, dtype=meta.dtype, device=device)
 
 
-def _row_shape(meta, shape) -> list[int]:
-    """A row value's runtime shape: the leading dims, with the meta value's kept 1s."""
+def _row_shape(meta, shape, sizes: "SymbolValues | None" = None) -> list[int]:
+    """A row value's runtime shape: its symbolic shape evaluated, else the leading dims with the
+    meta value's kept 1s."""
+    if sizes is not None:
+        return list(sizes.shape(meta.shape))
     lead = list(shape[:-1])
     if meta.dim() == len(lead):
         return lead
@@ -633,7 +672,7 @@ def _in_row_order(t: torch.Tensor, lead: list[int]) -> bool:
     return t.numel() == math.prod(lead) and [s for s in t.shape if s != 1] == [s for s in lead if s != 1]
 
 
-def _as_rows(t: torch.Tensor, load, group, shape) -> torch.Tensor:
+def _as_rows(t: torch.Tensor, load, group, shape, symbols: "SymbolValues | None" = None) -> torch.Tensor:
     """An input as a view of the full shape S: broadcast (full loads), or one value per row whose
     last-dim stride is 0 (row loads)."""
     if load.role == "full":
@@ -646,7 +685,7 @@ def _as_rows(t: torch.Tensor, load, group, shape) -> torch.Tensor:
             t = t.reshape([]) if t.numel() == 1 else t.reshape(list(shape[:-1]) + [1])
         return t.expand(list(shape[:-1]) + [1]).expand(shape)
     users = [n for n in group.nodes if load.node in n.all_input_nodes and group.roles[n] == "row"]
-    node_shape = _row_shape(fusion.value(users[0]), shape) if users else lead + [1]
+    node_shape = _row_shape(fusion.value(users[0]), shape, symbols) if users else lead + [1]
     per_row = t.expand(node_shape).reshape(lead + [1])
     return per_row.expand(shape)
 

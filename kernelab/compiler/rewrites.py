@@ -457,8 +457,11 @@ def _lift_unsqueeze(gm, node) -> list | None:
     if fusion.classify(src)[0] != "pointwise" or not isinstance(val, torch.Tensor) or not hasattr(val, "fake_mode"):
         return None
     operands = [a for a in src.args if isinstance(a, fx.Node)]
+    # every operand a tensor of the result's shape (a symbolic size operand, as in an embedding's
+    # padding mask under dynamic shapes, is not a tensor to unsqueeze)
     if not operands or "memory_format" in src.kwargs or \
-            any(tuple(fusion.value(a).shape) != tuple(val.shape) for a in operands):
+            any(not isinstance(fusion.value(a), torch.Tensor) or tuple(fusion.value(a).shape) != tuple(val.shape)
+                for a in operands):
         return None
     b = _Builder(gm, node, val)
     args = [b.op(aten.unsqueeze.default, a, dim) if isinstance(a, fx.Node) else a for a in src.args]

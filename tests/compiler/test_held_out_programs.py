@@ -234,3 +234,46 @@ def test_held_out_program_matches_eager(name, dtype):
         assert (x is None) == (y is None), f"gradient {k}: None in one of them"
         if x is not None:
             _compare(x, y, dtype, f"gradient {k}")
+
+
+def _grown(t: torch.Tensor, n0: int, n: int) -> torch.Tensor:
+    """``t`` with its first dim taken to ``n`` (repeating rows) where it is the batch dim ``n0``."""
+    if t.dim() == 0 or t.shape[0] != n0:
+        return t
+    return torch.cat([t] * (n // t.shape[0] + 1))[:n]
+
+
+@pytest.mark.parametrize("name", list(P))
+def test_held_out_program_with_dynamic_shapes(name):
+    """The same programs compiled with ``dynamic=True`` and called at three batch sizes (an
+    epoch's last batch): found a crash at the second size in 8 of them (2026-12-04): per-row values
+    broadcast against full ones (rows (N, 1) and (N, 1, C) made N x N), a constant of symbolic size
+    made without its size, a symbolic size taken for a tensor."""
+    fn, make, grad = P[name]
+    base = [m() for m in make]
+    if base[0].dim() == 0:
+        pytest.skip("no batch dim")
+    n0 = base[0].shape[0]
+    if n0 == 0:
+        pytest.skip("an empty batch does not grow")
+    compiled = torch.compile(fn, backend="kernelab", dynamic=True)
+    for n in (n0, n0 + 3, n0 + 1):
+        grown = [_grown(t, n0, n) for t in base]
+        a, b = _inputs(grown, torch.float32, grad), _inputs(grown, torch.float32, grad)
+        try:
+            want = fn(*a)
+        except RuntimeError:  # a program with sizes written in (zeros(5, 7)) runs at its own batch only
+            assert n != n0, "eager fails at the program's own sizes"
+            continue
+        got = compiled(*b)
+        _compare(got, want, torch.float32, f"forward at batch {n}")
+        _compare(b, a, torch.float32, f"inputs after the call at batch {n}")
+        outs_w = [t for t in _leaves(want) if t.is_floating_point() and t.requires_grad]
+        outs_g = [t for t in _leaves(got) if t.is_floating_point() and t.requires_grad]
+        if outs_w:
+            gw = torch.autograd.grad(_loss(outs_w), [t for t in a if t.requires_grad], allow_unused=True)
+            gg = torch.autograd.grad(_loss(outs_g), [t for t in b if t.requires_grad], allow_unused=True)
+            for k, (x, y) in enumerate(zip(gg, gw)):
+                assert (x is None) == (y is None), f"gradient {k} at batch {n}: None in one of them"
+                if x is not None:
+                    _compare(x, y, torch.float32, f"gradient {k} at batch {n}")
