@@ -1,7 +1,8 @@
-"""Sixty-odd small programs written as people write PyTorch (in-place ops and input mutation,
+"""Some ninety small programs written as people write PyTorch (in-place ops and input mutation,
 masked softmax with fully masked rows, norms over two dims, batch/instance/group norm, losses with
 weights, smoothing and ignored targets, scatters with repeated indices, pooling, interpolation,
-attention with masks, sorts and scans, integer and boolean math, factories, detach and no_grad),
+attention with masks, sorts and scans, integer and boolean math, factories, detach and no_grad,
+aliasing: views of inputs returned, inputs written through views, out= variants, FFT and complex),
 none of them tuned for: compiled under KERNELAB_STRICT=1 and compared with eager, forward and
 backward, float32 and float16. Written 2026-12-04 as a held-out check; it found the float16
 frozen batch norm's backward failing on the CPU ("mixed dtype (CPU)")."""
@@ -170,6 +171,52 @@ def nograd_inside(x):
         s = x.abs().max()
     return x / s
 
+# aliasing and mutation: views of inputs returned, inputs written through views, out=
+@prog(lambda: R(4, 5), grad=False)
+def mutate_column(x): x[:, 0].mul_(2); return x.sum()
+@prog(lambda: R(4, 5), grad=True)
+def return_view_of_input(x): y = x.t(); return y, y.sum()
+@prog(lambda: R(4, 5), grad=False)
+def return_input(x): return x.view(-1)[:5] * 2, x
+@prog(lambda: R(4, 5), lambda: R(4, 5), grad=False)
+def copy_into(x, y): x.copy_(y * 2); return x + 1
+@prog(lambda: R(4, 5), grad=False)
+def unsqueeze_inplace(x): x.unsqueeze_(0); return x * 1
+@prog(lambda: R(3), lambda: R(4, 3), grad=False)
+def buffer_update(buf, x): buf.mul_(0.9).add_(x.mean(0), alpha=0.1); return buf.sum()
+@prog(lambda: R(4, 5), grad=False)
+def out_variant(x): out = torch.empty_like(x); torch.mul(x, 2, out=out); return out
+@prog(lambda: R(4, 5), grad=True)
+def aliasing_outputs(x): y = x * 2; return y, y.view(-1), y[1:]
+@prog(lambda: R(4, 5), grad=True)
+def expand_input(x): return x.expand(3, 4, 5)
+@prog(lambda: R(4, 5), grad=False)
+def mask_put(x): x[x > 0] = x[x > 0] * 10; return x
+@prog(lambda: R(4, 5), grad=False)
+def masked_scatter(x): return x.masked_scatter(x > 0, torch.arange(20.0, dtype=x.dtype).view(4, 5))
+@prog(lambda: R(4, 5), grad=False)
+def index_put_bool(x): x.index_put_((x < 0,), torch.tensor(0.0)); return x
+@prog(lambda: R(4, 5), grad=False)
+def swap_rows(x): x[[0, 1]] = x[[1, 0]]; return x
+@prog(lambda: R(4, 5), grad=True)
+def inplace_on_view_grad(x): y = x.clone(); y[:, 1:].mul_(3); y.diagonal().zero_(); return y
+@prog(lambda: R(4, 5), grad=False)
+def transpose_inplace(x): x.t_(); return x.contiguous() + 0
+@prog(lambda: R(4, 5), lambda: R(5), grad=False)
+def add_broadcast_inplace(x, b): x += b; x -= 1; x *= b; return x
+@prog(lambda: R(6), grad=False)
+def sort_inplace(x): x.sort(); y, _ = x.sort(descending=True); x.clamp_(-0.5, 0.5); return y, x
+@prog(lambda: R(4, 5), grad=True)
+def as_strided_view(x): return x.as_strided((2, 2), (5, 1), 1) * 2
+@prog(lambda: R(4, 5), grad=True)
+def unfold_view(x): return x.unfold(1, 2, 1).sum(-1)
+@prog(lambda: R(2, 3, 4), grad=True)
+def movedim_ops(x): return x.movedim(0, -1).reshape(3, 8).softmax(-1)
+@prog(lambda: R(4, 5), grad=True)
+def complex_fallback(x): c = torch.view_as_complex(x[:, :4].reshape(4, 2, 2).contiguous()); return (c * c).abs()
+@prog(lambda: R(8), grad=True)
+def fft_fallback(x): return torch.fft.rfft(x).abs()
+
 
 def _leaves(x):
     if isinstance(x, torch.Tensor):
@@ -218,7 +265,10 @@ def test_held_out_program_matches_eager(name, dtype):
     fn, make, grad = P[name]
     base = [m() for m in make]
     a, b = _inputs(base, dtype, grad), _inputs(base, dtype, grad)
-    want = fn(*a)
+    try:
+        want = fn(*a)
+    except (RuntimeError, NotImplementedError) as exc:  # eager's CPU has no float16 FFT
+        pytest.skip(f"eager refuses it: {exc}")
     got = torch.compile(fn, backend="kernelab")(*b)
     _compare(got, want, dtype, "forward")
     _compare(b, a, dtype, "inputs after the call (mutations)")
