@@ -8,11 +8,12 @@ keeps two arguments that alias one storage aliased on the device.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["PreparedTarget", "prepare_on_device"]
+__all__ = ["PreparedTarget", "prepare_on_device", "compiles_every_time"]
 
 
 @dataclass
@@ -106,3 +107,22 @@ def prepare_on_device(target: Any, args: Any, device: Any) -> PreparedTarget:
         leaves += [p for p in module.parameters() if p.requires_grad]
     return PreparedTarget(fn=fn, args=moved_args, device=device, module=module,
                           leaves_requiring_grad=leaves)
+
+
+#: How many compilations of one function dynamo keeps while kernelab counts or measures it.
+COUNTING_RECOMPILE_LIMIT = 4096
+
+
+@contextlib.contextmanager
+def compiles_every_time():
+    """While kernelab compiles a user's target to count or measure it: dynamo never runs a frame
+    eagerly because it hit its recompile limit. By default, after 8 compilations of one function
+    (the same ``step`` counted over 8 models in a process, each a new set of guards) dynamo runs
+    that function uncompiled with a logged warning, and a count of mode="kernelab" then reported
+    eager's kernels as kernelab's, silently. Here the limits are raised, and reaching them raises."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(recompile_limit=COUNTING_RECOMPILE_LIMIT,
+                                    accumulated_recompile_limit=COUNTING_RECOMPILE_LIMIT,
+                                    fail_on_recompile_limit_hit=True):
+        yield

@@ -293,3 +293,20 @@ def test_kernelab_gemm_ops_count_as_one_kernel_where_eager_launches_several():
     assert (len(eager.kernels), len(fused.kernels)) == (4, 1)
     (kernel,) = fused.kernels
     assert (kernel.bytes_read, kernel.bytes_written) == ((64 * 32 + 2 * 48 * 32) * 4, 64 * 48 * 4)
+
+
+def test_one_function_counted_over_many_models_stays_compiled():
+    """The same ``step`` counted over eleven models in one process: dynamo stops compiling a
+    function after 8 compilations (its recompile limit) and runs it eagerly with a logged
+    warning, and mode="kernelab" then reported eager's kernels, silently, from the ninth model
+    on (found counting 18 held-out models in one loop, 2026-12-04)."""
+    def step(m, x):
+        return torch.relu(m(x) * 2 + 1).sum()
+
+    acts = [torch.nn.ReLU(), torch.nn.GELU(), torch.nn.SiLU(), torch.nn.Tanh(), torch.nn.Sigmoid(), torch.nn.ELU(),
+            torch.nn.Mish(), torch.nn.Softplus(), torch.nn.Hardswish(), torch.nn.LeakyReLU(), torch.nn.SELU()]
+    for i, act in enumerate(acts):
+        model = torch.nn.Sequential(torch.nn.Linear(16, 8 + i), act)
+        r = kernelab.count(step, model, torch.randn(4, 16), mode="kernelab", predict=True)
+        names = [k["name"] for k in r.to_dict()["kernels"]]
+        assert any(n.startswith("kl_fused") for n in names), f"model {i}: no generated kernel: {names}"
