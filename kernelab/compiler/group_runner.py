@@ -29,7 +29,7 @@ from .eventlog import record_fallback, record_launch
 from .kcache import cache_dir, kernel_module
 from .tiling import DEFAULT as DEFAULT_TILING, Tiling
 
-__all__ = ["GroupRunner", "Launch", "Call", "run_reference", "call_node", "lookup", "interpreted",
+__all__ = ["SymbolValues", "GroupRunner", "Launch", "Call", "run_reference", "call_node", "lookup", "interpreted",
            "persistent_max", "PERSISTENT_MAX", "INT32_MAX", "pow2", "sm_count"]
 
 
@@ -399,13 +399,7 @@ class GroupRunner:
         values the inputs' sizes and the scalars give the symbols (``self.sizes``, kept for the
         outputs' shapes). Broadcasting the inputs' shapes, as before, misaligned per-row values:
         rows (N, 1) against (N, 1, C) gave N x N."""
-        known = {}
-        for t, node in zip(inputs, self.load_nodes):
-            for m, r in zip(fusion.value(node).shape, t.shape):
-                known[_expr(m)] = r
-        for node, v in zip(self.group.scalars, scalars):
-            known[_expr(fusion.value(node))] = int(v)
-        self.sizes = SymbolValues(known, self.group.name)
+        self.sizes = SymbolValues.bind(self.load_nodes, inputs, self.group.scalars, scalars, self.group.name)
         return self.sizes.shape(self.group.shape)
 
     # -- pointwise --------------------------------------------------------------------------
@@ -589,6 +583,19 @@ class SymbolValues:
         self.known = known
         self.symbols = {e: v for e, v in known.items() if getattr(e, "is_Symbol", False)}
         self.where = where
+
+    @classmethod
+    def bind(cls, nodes, values, scalar_nodes, scalar_values, where: str) -> "SymbolValues":
+        """What the run-time sizes of ``values`` (tensors of ``nodes``) and the scalars give each
+        symbolic size of their meta values."""
+        known = {}
+        for node, t in zip(nodes, values):
+            if isinstance(t, torch.Tensor):
+                for m, r in zip(fusion.value(node).shape, t.shape):
+                    known[_expr(m)] = r
+        for node, v in zip(scalar_nodes, scalar_values):
+            known[_expr(fusion.value(node))] = int(v)
+        return cls(known, where)
 
     def size(self, s) -> int:
         e = _expr(s)

@@ -20,7 +20,7 @@ from ..eager_rules import Context, KernelSpec, lower_eager
 from ..targets import compiles_every_time
 from . import fusion
 from .eventlog import ACTIVE_PLAN
-from .group_runner import call_node, lookup, run_reference
+from .group_runner import SymbolValues, call_node, lookup, run_reference
 from .scatter import KERNEL_NAME
 
 __all__ = ["Plan", "GraphPlan", "GroupPlan", "explain", "plan_kernels", "plan_trace"]
@@ -234,8 +234,10 @@ class _Hooks:
 def _empty(group, env: dict) -> bool:
     """Is the group's iteration shape empty (what ``group_runner.GroupRunner.prepare`` refuses)?"""
     shape = group.shape
-    if not all(isinstance(s, int) for s in shape):
-        shape = torch.broadcast_shapes(*[env[p].shape for p in group.inputs if isinstance(env[p], torch.Tensor)])
+    if not all(isinstance(s, int) for s in shape):  # symbolic: evaluated as the runner does
+        sizes = SymbolValues.bind(group.inputs, [env[p] for p in group.inputs], group.scalars,
+                                  [env[s] for s in group.scalars], group.name)
+        shape = sizes.shape(shape)
     return any(s == 0 for s in shape)
 
 

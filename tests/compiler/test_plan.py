@@ -582,3 +582,24 @@ def test_planning_a_training_step_leaves_the_callers_model_alone():
         assert kernelab.count(step, model, x, mode=mode, predict=True).kernels
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_prediction_with_symbolic_shapes_of_per_row_values():
+    """Counting under dynamic shapes (a loop that counts models of several sizes makes dynamo
+    trace later ones symbolically): the plan's empty-shape check broadcast a group's inputs,
+    which misaligns per-row values ((1, C) against (N, C, H*W)) and raised; found counting timm's
+    PoolFormer after other models in one process (2026-12-04)."""
+    import torch._dynamo
+
+    import kernelab
+
+    def step(x, w, b):
+        y = F.group_norm(x, 1, w, b) * F.group_norm(x, 2, w, b)
+        y.sum().backward()
+        return y
+
+    x = torch.randn(2, 8, 3, 3, requires_grad=True)
+    w, b = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+    with torch._dynamo.config.patch(assume_static_by_default=False):
+        r = kernelab.count(step, x, w, b, mode="kernelab", predict=True)
+    assert any(k["name"].startswith("kl_fused") for k in r.to_dict()["kernels"])
