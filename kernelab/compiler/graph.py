@@ -60,7 +60,8 @@ class Group:
         reductions = [fusion.short_name(n) for n in self.nodes if fusion.is_reduction(n)]
         if reductions and not set(reductions) & set(shown):
             shown = ops[:5] + [reductions[0]]
-        return "kl_fused_" + "_".join(shown) + ("_etc" if len(ops) > len(shown) else "")
+        # a group of copies alone (a layout change, a copy into padded rows) names itself a copy
+        return "kl_fused_" + ("_".join(shown) or "copy") + ("_etc" if len(ops) > len(shown) else "")
 
 
 @dataclass

@@ -603,3 +603,10 @@ def test_prediction_with_symbolic_shapes_of_per_row_values():
     with torch._dynamo.config.patch(assume_static_by_default=False):
         r = kernelab.count(step, x, w, b, mode="kernelab", predict=True)
     assert any(k["name"].startswith("kl_fused") for k in r.to_dict()["kernels"])
+
+
+def test_a_group_of_copies_names_itself():
+    """A kernel that only copies (here a transposed input made contiguous) was named "kl_fused_"."""
+    plan = klc.explain(lambda x: x.t().contiguous(), torch.randn(8, 16))
+    names = [k.name for k in plan.kernels]
+    assert names and all(n != "kl_fused_" for n in names), names
