@@ -602,7 +602,7 @@ class SymbolValues:
         if isinstance(e, int):
             return e
         value = self.known.get(e)
-        if value is None and not isinstance(e, int):
+        if value is None:
             value = e.xreplace(self.symbols)
         if value is None or not getattr(value, "is_number", True):
             raise NotImplementedError(f"the size {s} in {self.where} is not known from its inputs")
@@ -650,27 +650,13 @@ def _alloc(node, shape, device, row_stride: int | None = None) -> torch.Tensor:
     return t.permute(inverse)
 
 
-def _alloc_rows(node, role: str, shape, device, out_row: int, symbols: "SymbolValues | None" = None) -> torch.Tensor:
-    """A reduction group's output: full size with rows ``out_row`` apart, or one value per row."""
+def _alloc_rows(node, role: str, shape, device, out_row: int, symbols: SymbolValues) -> torch.Tensor:
+    """A reduction group's output: full size with rows ``out_row`` apart, or one value per row
+    (its meta shape, symbolic sizes evaluated)."""
     meta = fusion.value(node)
     if role == "full":
         return torch.empty_strided(shape, layout.padded_strides(shape, out_row), dtype=meta.dtype, device=device)
-    sizes = list(meta.shape) if fusion.static_shape(meta) else _row_shape(meta, shape, symbols)
-    return torch.empty(sizes, dtype=meta.dtype, device=device)
-
-
-def _row_shape(meta, shape, sizes: "SymbolValues | None" = None) -> list[int]:
-    """A row value's runtime shape: its symbolic shape evaluated, else the leading dims with the
-    meta value's kept 1s."""
-    if sizes is not None:
-        return list(sizes.shape(meta.shape))
-    lead = list(shape[:-1])
-    if meta.dim() == len(lead):
-        return lead
-    if meta.dim() == len(shape) and isinstance(meta.shape[-1], int) and meta.shape[-1] == 1:
-        return lead + [1]
-    # a row value viewed with its 1 elsewhere ((N, C) rows as (N, 1, C): group norm of one group)
-    raise NotImplementedError(f"a per-row value of symbolic shape {tuple(meta.shape)} over rows {lead}")
+    return torch.empty(symbols.shape(meta.shape), dtype=meta.dtype, device=device)
 
 
 def _in_row_order(t: torch.Tensor, lead: list[int]) -> bool:
@@ -679,7 +665,7 @@ def _in_row_order(t: torch.Tensor, lead: list[int]) -> bool:
     return t.numel() == math.prod(lead) and [s for s in t.shape if s != 1] == [s for s in lead if s != 1]
 
 
-def _as_rows(t: torch.Tensor, load, group, shape, symbols: "SymbolValues | None" = None) -> torch.Tensor:
+def _as_rows(t: torch.Tensor, load, group, shape, symbols: SymbolValues) -> torch.Tensor:
     """An input as a view of the full shape S: broadcast (full loads), or one value per row whose
     last-dim stride is 0 (row loads)."""
     if load.role == "full":
@@ -692,7 +678,7 @@ def _as_rows(t: torch.Tensor, load, group, shape, symbols: "SymbolValues | None"
             t = t.reshape([]) if t.numel() == 1 else t.reshape(list(shape[:-1]) + [1])
         return t.expand(list(shape[:-1]) + [1]).expand(shape)
     users = [n for n in group.nodes if load.node in n.all_input_nodes and group.roles[n] == "row"]
-    node_shape = _row_shape(fusion.value(users[0]), shape, symbols) if users else lead + [1]
+    node_shape = list(symbols.shape(fusion.value(users[0]).shape)) if users else lead + [1]
     per_row = t.expand(node_shape).reshape(lead + [1])
     return per_row.expand(shape)
 

@@ -601,8 +601,17 @@ def test_prediction_with_symbolic_shapes_of_per_row_values():
     x = torch.randn(2, 8, 3, 3, requires_grad=True)
     w, b = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
     with torch._dynamo.config.patch(assume_static_by_default=False):
-        r = kernelab.count(step, x, w, b, mode="kernelab", predict=True)
-    assert any(k["name"].startswith("kl_fused") for k in r.to_dict()["kernels"])
+        symbolic = kernelab.count(step, x, w, b, mode="kernelab", predict=True).to_dict()["kernels"]
+    torch._dynamo.reset()
+    static = kernelab.count(step, x, w, b, mode="kernelab", predict=True).to_dict()["kernels"]
+    # the forward's four group norms (ATen) move the same bytes with the sizes symbolic or not;
+    # the backward's plan differs (size arithmetic as tensors, column sums of symbolic size left
+    # to ATen: 38 kernels against 28), but its reductions are generated as well
+    def moved(kernels):
+        return [(k["name"], k["bytes_read"], k["bytes_written"]) for k in kernels[:4]]
+
+    assert moved(symbolic) == moved(static) and all(k["name"] == "native_group_norm" for k in static[:4])
+    assert any(k["name"].startswith("kl_fused_sum") for k in symbolic)
 
 
 def test_a_group_of_copies_names_itself():
