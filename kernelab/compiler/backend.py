@@ -10,6 +10,7 @@ graph runs as its ATen ops, which is what eager PyTorch does; that is said once 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
@@ -102,7 +103,8 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
             if recorder is not None:
                 recorder.suppress += 1  # tracing runs ops too: none of them is a kernel of the call
             try:
-                call = compile_graph(fx_gm, inputs, kind, _visible_outputs(kind), opts.tiling)
+                with _outside_the_plans_fake_mode(recorder):
+                    call = compile_graph(fx_gm, inputs, kind, _visible_outputs(kind), opts.tiling)
             finally:
                 if recorder is not None:
                     recorder.suppress -= 1
@@ -138,6 +140,19 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
         _say_fallback(why)
         return gm.forward
     return _direct_inference(direct[0]) if direct else compiled
+
+
+def _outside_the_plans_fake_mode(recorder):
+    """A prediction at meta sizes runs the call in a fake mode of its own (``plan._meta_as_fake_cpu``),
+    and a graph compiles at its first call, inside it; the graphs' values belong to the tracing's
+    fake mode, and the rewrites that build new values from them failed under the other one (and
+    were skipped: Llama's RoPE backward predicted 4 kernels more at meta sizes than on the CPU)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    active = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if recorder is not None and active is not None and active is recorder.runtime_fake:
+        return unset_fake_temporarily()
+    return contextlib.nullcontext()
 
 
 def reset() -> None:

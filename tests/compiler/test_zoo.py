@@ -110,3 +110,36 @@ def test_count_predicts_a_training_step_in_both_modes(name):
     if name == "mixtral":
         eager = kernelab.count(step, model, inputs, mode="eager", predict=True)
         assert any(k.name == "_grouped_mm" for k in eager.kernels), [k.name for k in eager.kernels][:20]
+
+
+#: one model of each family whose meta-size prediction went wrong before (2026-12-04): decoders'
+#: inference crashed (transformers' KV cache makes ``torch.tensor([])`` inside the call), BERT's
+#: attention took SDPA's math path on meta tensors, Llama's RoPE rewrites failed inside the fake mode
+META_CHECKED = ("gpt2", "bert", "t5", "llama")
+
+
+@pytest.mark.parametrize("step", ["train", "infer"])
+@pytest.mark.parametrize("name", META_CHECKED)
+def test_prediction_on_meta_tensors_equals_the_cpu_prediction(name, step):
+    """``count(..., predict=True)`` of a model built on the meta device (a prediction at any size,
+    nothing allocated) predicts the kernels the same model on CPU tensors predicts, name for name."""
+    import kernelab
+
+    zm = ZOO[name]
+
+    def train(module, inputs):
+        zm.loss(module, inputs).backward()
+
+    def infer(module, inputs):
+        with torch.no_grad():
+            return zm.forward(module, inputs)
+
+    names = {}
+    for device in ("cpu", "meta"):
+        torch._dynamo.reset()
+        model, inputs = zm.build("tiny", device=device)
+        if step == "infer":
+            model.eval()
+        report = kernelab.count(train if step == "train" else infer, model, inputs, mode="kernelab", predict=True)
+        names[device] = [k.name for k in report.kernels]
+    assert names["meta"] == names["cpu"]
