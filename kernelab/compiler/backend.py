@@ -20,6 +20,7 @@ import torch
 
 from .. import config
 from ..errors import KernelabFallbackWarning
+from . import bounds
 from .eventlog import ACTIVE_PLAN, record_fallback
 
 __all__ = ["kernelab_backend", "decompositions", "KernelabFallbackWarning", "reset"]
@@ -96,12 +97,17 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
     pairing = cudagraphs.Pairing()
     direct = []  # the inference graph's own call, where aot_autograd's runtime wrapper has no work
     autocast = torch._C._is_any_autocast_enabled()  # aot_autograd turns it off around the compilers
+    saved_bounds: dict = {}  # the forward's proofs of index ranges, for the backward (bounds.py)
 
     def compiler(kind):
         def compile_fn(fx_gm, inputs):
             recorder = ACTIVE_PLAN[0]
             if recorder is not None:
                 recorder.suppress += 1  # tracing runs ops too: none of them is a kernel of the call
+            if kind == "forward":
+                saved_bounds.update(bounds.of_outputs(fx_gm))
+            elif kind == "backward":
+                bounds.assume_for_inputs(fx_gm, saved_bounds)
             try:
                 with _outside_the_plans_fake_mode(recorder):
                     call = compile_graph(fx_gm, inputs, kind, _visible_outputs(kind), opts.tiling)

@@ -36,6 +36,10 @@ def pointwise_source(group, rank: int) -> str:
     tensors = ins + outs
     params = [", ".join(f"{t}_ptr" for t in tensors) + ","]
     params.append(", ".join(f"{t}_stride{d}" for t in tensors for d in range(rank)) + ",")
+    gstrides = [f"in{i}_gstride{t}" for i, load in enumerate(loads) if load.role.startswith("gsrc")
+                for t in range(len(fusion.gather_parts(group.nodes[int(load.role[4:])]).indices))]
+    if gstrides:  # a gather source's strides along its indexed dims
+        params.append(", ".join(gstrides) + ",")
     params.append(", ".join(f"size{d}" for d in range(rank)) + ", numel,")
     if group.scalars:
         params.append(", ".join(f"s{i}" for i in range(len(group.scalars))) + ",")
@@ -70,11 +74,14 @@ def pointwise_source(group, rank: int) -> str:
 
 def _pointwise_body(em: Emitter, loads, outs, mask) -> None:
     em.indent = "        "
+    em.mask = mask
     m = f", mask={mask}, other=0" if mask else ""
     em.emit("# load each input once")
     for i, load in enumerate(loads):
         ct = compute_type(fusion.value(load.node).dtype)
         em.names[load.node, load.role] = f"in{i}"
+        if load.role.startswith("gsrc"):  # read where its gather is computed, at the indices
+            continue
         if load.role.startswith("piece"):
             within = f"in{i}_in & {mask}" if mask else f"in{i}_in"
             em.emit(f"in{i} = tl.load(in{i}_ptr + in{i}_off, mask={within}, other=0).to({ct})")

@@ -39,6 +39,11 @@ def loads_of(group) -> list[Load]:
         if fusion.is_cat(n):  # each piece read masked to its range of the cat's dim
             loads += [Load(p, f"piece{j}.{k}") for k, (p, _, _) in enumerate(fusion.cat_pieces(n))]
             continue
+        if fusion.is_gather(n):  # the source read at the indices; indices from memory right-aligned
+            parts = fusion.gather_parts(n)
+            loads.append(Load(parts.source, f"gsrc{j}"))
+            loads += [Load(i, f"gidx{j}.{t}") for t, i in enumerate(parts.indices) if i in group.inputs]
+            continue
         role = "full" if group.roles[n] == "full" or fusion.is_reduction(n) else per_value
         for p in n.all_input_nodes:
             if p in group.inputs:
@@ -77,6 +82,7 @@ class Emitter:
     names: dict = field(default_factory=dict)  # node or Load -> source name
     online: dict = field(default_factory=dict)  # amax node -> its online sum node (looped only)
     indent: str = "    "
+    mask: str | None = None  # the pointwise body's mask (None in a full block): a gather's load takes it
 
     def emit(self, line: str) -> None:
         self.lines.append(self.indent + line if line else "")
@@ -121,6 +127,27 @@ class Emitter:
             expr = f"tl.where(i{d} < {end}, {name}, {expr})"
         return expr
 
+    def gather_expression(self, node) -> str:
+        """source[..., i, j, ...]: one load at the element's place in the source's kept dims
+        (``in{k}_off``, from the view the runner passes) plus index x stride along each indexed
+        dim. The indices are proved in range when compiling (``bounds``); lanes outside the last
+        block are masked."""
+        j = self.group.nodes.index(node)
+        parts = fusion.gather_parts(node)
+        k = self.loads.index(Load(parts.source, f"gsrc{j}"))
+        terms = []
+        for t, index in enumerate(parts.indices):
+            if fusion.is_constant(index):  # one index everywhere (a full of an integer)
+                name = f"tl.full([1], {literal(fusion.constant_value(index))}, tl.int64)"
+            elif index in self.group.roles:
+                name = self.names[index]
+            else:
+                name = self.names[index, f"gidx{j}.{t}"]
+            terms.append(f"{name}.to(tl.int64) * in{k}_gstride{t}")
+        mask = f", mask={self.mask}, other=0" if self.mask else ""
+        return (f"tl.load(in{k}_ptr + in{k}_off + {' + '.join(terms)}{mask})"
+                f".to({compute_type(fusion.value(node).dtype)})")
+
     def _name_of(self, node):
         if node in self.group.roles:
             return self.names[node]
@@ -148,10 +175,20 @@ def var_name(node) -> str:
     return f"v_{local_name(node)}"
 
 
+def _shown(arg) -> str:
+    """An argument in a kernel's docstring: nodes by their local names (a gather's list of indices
+    too), so that repeated layers generate the same text."""
+    if isinstance(arg, fx.Node):
+        return local_name(arg)
+    if isinstance(arg, (list, tuple)):
+        return "[" + ", ".join(_shown(a) for a in arg) + "]"
+    return repr(arg)
+
+
 def doc_lines(group, loads, passes: str = "once") -> list[str]:
     lines = [f'"""{group.name}: {len(group.nodes)} ops fused, {group.kind}.', ""]
     for n in group.nodes:
-        args = ", ".join(local_name(a) if isinstance(a, fx.Node) else repr(a) for a in n.args)
+        args = ", ".join(_shown(a) for a in n.args)
         lines.append(f"{local_name(n)} = {fusion.target_name(n).split('.')[1]}({args})  [{group.roles[n]}]")
     lines.append("")
     lines.append(f"Traffic: reads {len(loads)} input(s) {passes}, writes {len(group.outputs)} output(s) once;"
@@ -188,6 +225,8 @@ def node_expression(em: Emitter, node) -> str:
     name = fusion.target_name(node)
     if fusion.is_cat(node):
         return em.cat_expression(node)
+    if fusion.is_gather(node):
+        return em.gather_expression(node)
     want, out, common = _op_types(node)
     if name not in POINTWISE:  # a view kept inside the kernel: the same values
         return em.operand(node.args[0], None)

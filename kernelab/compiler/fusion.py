@@ -5,10 +5,12 @@ Every "no" returns a reason string; the plan shows it next to the op.
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
+from . import bounds
 from .ops_table import CONSTANTS, POINTWISE, REDUCTIONS, SUPPORTED_DTYPES, VIEWS
 
 __all__ = ["classify", "role_in", "full_shape", "bound_args", "dims", "hint"]
@@ -184,6 +186,9 @@ def classify(node: fx.Node) -> tuple[str, str]:
     if name == "aten.cat.default":
         why = _cat_refusal(node)
         return ("eager", why) if why else ("pointwise", "")
+    if name in GATHERS:
+        why = _gather_refusal(node)
+        return ("eager", why) if why else ("pointwise", "")
     if name in POINTWISE:
         why = _pointwise_refusal(node, name)
         return ("eager", why) if why else ("pointwise", "")
@@ -301,6 +306,71 @@ def _cat_refusal(node) -> str:
     return ""
 
 
+#: advanced indexing with tensors, ``x[..., i, j]``: generated as loads at computed places
+GATHERS = ("aten.index.Tensor", "aten._unsafe_index.Tensor")
+
+
+def is_gather(node) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and target_name(node) in GATHERS
+
+
+def has_gather(group) -> bool:
+    return any(is_gather(n) for n in group.nodes)
+
+
+def reads_at_computed_places(node) -> bool:
+    """A cat (its pieces, each in its range) or a gather (its source, at the indices): the values
+    it reads are placed by coordinate, so they come from memory, written by their producers."""
+    return is_cat(node) or is_gather(node)
+
+
+@dataclass(frozen=True)
+class GatherParts:
+    """``source[(:,) * first + (indices...) + (:,) * trail]``: the indexed dims are consecutive,
+    ``first`` .. ``first + len(indices) - 1``. The result's dims are the source's first ``first``,
+    then the ``broadcast`` dims of the indices (broadcast together), then the ``trail`` dims after
+    the indexed ones. An index tensor, as the kernel reads it at a result element, is the index
+    tensor right-aligned against the first ``first + broadcast`` dims: viewed with ``trail``
+    trailing size-1 dims."""
+
+    source: fx.Node
+    first: int
+    indices: tuple  # fx.Node per indexed dim
+    broadcast: int
+    trail: int
+
+
+def gather_parts(node) -> GatherParts:
+    source, indices = node.args[0], list(node.args[1])
+    dims_ = [d for d, i in enumerate(indices) if i is not None]
+    tensors = tuple(indices[d] for d in dims_)
+    broadcast = max(value(i).dim() for i in tensors)
+    return GatherParts(source, dims_[0], tensors, broadcast, value(source).dim() - dims_[-1] - 1)
+
+
+def _gather_refusal(node) -> str:
+    """A gather is generated when its source is a tensor of static sizes, its indices integer
+    tensors on consecutive dims that are proved to lie within those sizes (``bounds``): indices
+    that come from the data stay ATen's, which checks them (a kernel would read out of bounds)."""
+    source, indices = node.args[0], list(node.args[1])
+    if not is_tensor_node(source) or is_constant(source) or not static_shape(value(source)):
+        return "a gather from a constant or a source of symbolic sizes is not generated"
+    dims_ = [d for d, i in enumerate(indices) if i is not None]
+    if not dims_ or dims_ != list(range(dims_[0], dims_[-1] + 1)):
+        return "a gather whose indexed dims are not consecutive (its result's dims move) is not generated"
+    if any(not is_tensor_node(indices[d]) or value(indices[d]).dtype not in (torch.int64, torch.int32)
+           for d in dims_):
+        return "a gather by a boolean mask (its size depends on the data) is not generated"
+    if not static_shape(value(node)):
+        return "a gather of symbolic sizes is not generated"
+    sizes = value(source).shape
+    for d in dims_:
+        if not bounds.within(indices[d], sizes[d]):
+            return (f"indices from the data (dim {d} of {sizes[d]}): ATen checks their range, a kernel "
+                    "would read out of bounds")
+    return ""
+
+
 def _classify_reduction(node) -> tuple[str, str]:
     kind, dim_key, _ = REDUCTIONS[target_name(node)]
     src = node.args[0]
@@ -366,6 +436,8 @@ def role_in(group, node, kind: str) -> tuple[str | None, str]:
     """The role ``node`` would have in ``group`` ("full" or "row"), or (None, why not)."""
     shape = dims(node)
     inside = [p for p in node.all_input_nodes if p in group.roles]
+    if is_gather(node):
+        return _gather_role(group, node, shape)
     if group.kind == "column":
         return _column_role(group, node, kind, shape, inside)
     if kind == "column":
@@ -376,8 +448,8 @@ def role_in(group, node, kind: str) -> tuple[str | None, str]:
         if inside:
             return None, "a cat reads its pieces from memory (their producers' kernel writes them)"
         return ("full", "") if shape == tuple(group.shape) else (None, f"shape {_fmt(shape)} is not the group's")
-    if kind == "reduction" and has_cat(group):
-        return None, "a kernel with a cat stays pointwise (the row templates read no pieces)"
+    if kind == "reduction" and (has_cat(group) or has_gather(group)):
+        return None, "a kernel with a cat or a gather stays pointwise (the row templates read no pieces)"
     if kind == "reduction":
         src = node.args[0]
         external = src not in group.roles
@@ -395,6 +467,19 @@ def role_in(group, node, kind: str) -> tuple[str | None, str]:
     if group.kind == "reduction" and is_row_shaped(shape, group) and all(group.roles[p] == "row" for p in inside):
         return "row", ""
     return None, f"shape {_fmt(shape)} fits neither the group's {_fmt(group.shape)} nor its rows"
+
+
+def _gather_role(group, node, shape) -> tuple[str | None, str]:
+    """A gather joins a pointwise kernel of its shape; its source comes from memory, and an index
+    computed in the kernel must be one the kernel's broadcasting aligns right (no trailing dims)."""
+    parts = gather_parts(node)
+    if group.kind != "pointwise":
+        return None, "a gather joins only pointwise kernels"
+    if parts.source in group.roles:
+        return None, "a gather reads its source from memory (its producer's kernel writes it)"
+    if parts.trail and any(i in group.roles for i in parts.indices):
+        return None, "an index computed here would broadcast along the wrong axis (dims follow the indexed ones)"
+    return ("full", "") if shape == tuple(group.shape) else (None, f"shape {_fmt(shape)} is not the group's")
 
 
 def col_shape(group) -> tuple:

@@ -153,7 +153,7 @@ class _State:
         seen = self._producer_groups(node)
         out = []
         for p in node.all_input_nodes:
-            if fusion.is_constant(p) or (p in self.group_of and not fusion.has_cat(self.group_of[p])):
+            if fusion.is_constant(p) or (p in self.group_of and not _stays_pointwise(self.group_of[p])):
                 continue  # (a cat's kernel takes no reduction: its output is read like an input)
             for user in p.users:
                 g = self.group_of.get(user)
@@ -176,7 +176,7 @@ class _State:
             return
         for other in self._producer_groups(node):
             role = self._sibling_role(group, other)
-            if other is group or role is None:
+            if other is group or role is None or not _gathers_read_memory(group.nodes + other.nodes):
                 continue
             if any(self._depends_on(p, group.nodes) for n in other.nodes for p in n.all_input_nodes
                    if self.group_of.get(p) is not other):
@@ -199,7 +199,7 @@ class _State:
         outside the two groups reads it."""
         if other.kind != "pointwise":
             return None
-        if fusion.has_cat(other):  # its pieces are placed by coordinate: the same iteration space only
+        if _stays_pointwise(other):  # its pieces are placed by coordinate: the same iteration space only
             return "full" if group.kind == "pointwise" and other.shape == group.shape else None
         if group.kind == "column":  # per-column values only, computed after the reduction
             return "col" if fusion.padded(other.shape, 1)[-1:] == fusion.col_shape(group) and \
@@ -228,6 +228,24 @@ class _State:
             seen.add(n)
             stack.extend(n.all_input_nodes)
         return False
+
+
+def _stays_pointwise(group: Group) -> bool:
+    """A kernel with a cat or a gather: its values are read at computed places, which only the
+    pointwise template does; its output is read by a reduction like any input."""
+    return fusion.has_cat(group) or fusion.has_gather(group)
+
+
+def _gathers_read_memory(nodes) -> bool:
+    """Would every gather among ``nodes`` (one kernel's, merged) still read its source from memory,
+    and every index computed among them broadcast as the gather reads it (``fusion._gather_role``)?"""
+    members = set(nodes)
+    for n in nodes:
+        if fusion.is_gather(n):
+            parts = fusion.gather_parts(n)
+            if parts.source in members or (parts.trail and any(i in members for i in parts.indices)):
+                return False
+    return True
 
 
 def _break_cycles(gm: fx.GraphModule, state: _State) -> None:
@@ -464,7 +482,7 @@ def _prologue(start, shape) -> tuple[list | None, set]:
         if fusion.is_constant(n) or fusion.is_scalar(n):
             continue
         if isinstance(n, fx.Node) and n.op == "call_function" and fusion.classify(n)[0] == "pointwise" \
-                and not fusion.is_cat(n) and fusion.broadcasts_to(fusion.dims(n), shape):
+                and not fusion.reads_at_computed_places(n) and fusion.broadcasts_to(fusion.dims(n), shape):
             chain.append(n)
             stack.extend(n.all_input_nodes)
         elif fusion.is_tensor_node(n) and fusion.dims(n) == tuple(shape):

@@ -405,27 +405,32 @@ class GroupRunner:
     # -- pointwise --------------------------------------------------------------------------
     def prepare_pointwise(self, raw, shape, device) -> "Call":
         g = self.group
-        pieces = [load.role.startswith("piece") for load in self.loads]
-        ins = [t if piece else t.expand(shape) for t, piece in zip(raw, pieces)]  # a piece: its own strides
+        pieces = [load.role.startswith(("piece", "gsrc", "gidx")) for load in self.loads]
+        ins = [_placed(t, load, g, shape) for t, load in zip(raw, self.loads)]
         outs = [_alloc(n, shape, META, self.padded.get(n)) for n in g.outputs]  # layouts only: no memory
-        if any(pieces):  # the kernel compares coordinates of the cat's dim: every dim kept, in order
+        if any(pieces):  # coordinates of given dims matter (a cat's, a gather's): every dim kept, in order
             sizes, strides = list(shape), [list(t.stride()) for t in ins + outs]
         else:
             order = _iteration_order(outs[0] if outs else ins[0])
             sizes, strides = _collapse([shape[d] for d in order], [[t.stride(d) for d in order] for t in ins + outs])
         numel = math.prod(sizes)
-        launch = self.pointwise_launch(sizes, strides, numel)
+        sources = [t for t, load in zip(raw, self.loads) if load.role.startswith("gsrc")]
+        launch = self.pointwise_launch(sizes, strides + [list(t.stride()) for t in sources], numel,
+                                       [list(t.shape) for t in sources])
         block = launch.block["BLOCK"]
-        tail = [s for st in strides for s in st] + list(sizes) + [numel]
+        tail = [s for st in strides for s in st] + _gather_strides(raw, self.loads, g) + list(sizes) + [numel]
         return Call(self.kernel(launch.rank, True), ((numel + block - 1) // block,), tail,
                      {"BLOCK": block, "INT64": launch.int64, "num_warps": launch.num_warps},
                      [_out_spec(o) for o in outs], device)
 
-    def pointwise_launch(self, sizes, strides, numel) -> Launch:
+    def pointwise_launch(self, sizes, strides, numel, source_sizes=()) -> Launch:
+        """``source_sizes``: the sizes of gathers' sources, whose strides end ``strides``: an index
+        may reach any of their elements."""
         # 16 elements per thread keeps enough bytes in flight; interpreted, bigger blocks are faster
         block = min(pow2(numel), 1 << 16 if self.interpret else 2048)
         warps = max(1, min(8, block // 256))
-        int64 = numel > INT32_MAX or any(_max_offset(sizes, st) > INT32_MAX for st in strides)
+        sizes_of = [sizes] * (len(strides) - len(source_sizes)) + list(source_sizes)
+        int64 = numel > INT32_MAX or any(_max_offset(sz, st) > INT32_MAX for sz, st in zip(sizes_of, strides))
         return Launch(len(sizes), True, {"BLOCK": block}, warps, int64)
 
     # -- reduction --------------------------------------------------------------------------
@@ -628,6 +633,37 @@ def _device(tensors) -> torch.device:
 def _on(t: torch.Tensor, device) -> torch.Tensor:
     """A 0-d CPU tensor may meet CUDA tensors in one op: the kernel needs it on the device."""
     return t if t.device == device else t.to(device)
+
+
+def _placed(t: torch.Tensor, load, group, shape) -> torch.Tensor:
+    """An input as the pointwise kernel walks it over ``shape``: broadcast (expanded); a cat's
+    piece with its own strides; a gather's source as a view of ``shape`` that walks the source's
+    kept dims and stays put along the indices' dims (the kernel adds index x stride for those); an
+    index tensor right-aligned against the dims before the kept trailing ones."""
+    role = load.role
+    if role.startswith("piece"):
+        return t
+    if role.startswith("gsrc"):
+        parts = fusion.gather_parts(group.nodes[int(role[len("gsrc"):])])
+        k = len(parts.indices)
+        strides = (list(t.stride()[:parts.first]) + [0] * parts.broadcast
+                   + list(t.stride()[parts.first + k:]))
+        return t.as_strided(shape, strides, t.storage_offset())
+    if role.startswith("gidx"):
+        parts = fusion.gather_parts(group.nodes[int(role[len("gidx"):].split(".")[0])])
+        return t[(...,) + (None,) * parts.trail].expand(shape)
+    return t.expand(shape)
+
+
+def _gather_strides(raw, loads, group) -> list[int]:
+    """Per gather source, in load order, its strides along the indexed dims (the kernel's
+    ``in{i}_gstride{t}``)."""
+    out = []
+    for t, load in zip(raw, loads):
+        if load.role.startswith("gsrc"):
+            parts = fusion.gather_parts(group.nodes[int(load.role[len("gsrc"):])])
+            out += [t.stride(parts.first + k) for k in range(len(parts.indices))]
+    return out
 
 
 def _iteration_order(t: torch.Tensor) -> list[int]:

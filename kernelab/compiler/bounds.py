@@ -1,0 +1,300 @@
+"""The range of values a graph node can hold, proved from how the graph computes it.
+
+A gather (``x[..., ih, iw]``) may become a load inside a generated kernel only when its indices
+are known to lie within the source's sizes: a kernel has no cheap way to raise on a bad index
+(Triton compiles ``tl.device_assert`` out unless debugging), so an out-of-range index would read
+another tensor's memory and return a wrong answer silently. Indices that the graph computes from
+aranges and constants (interpolation's source pixels: ``trunc(clamp((arange(10) + 0.5) * 0.5 -
+0.5, 0))``, the clamps of bicubic's sixteen neighbours) or that an op returns by definition
+(a sort's or a top-k's positions) have ranges this module proves; indices that come from the data
+(token ids, a user's index tensor) have none, and their gathers stay ATen's, which checks them.
+
+Interval arithmetic over a small set of ops: every result is an inclusive (low, high) pair of
+Python floats, or None for "unknown". Float arithmetic is widened by a relative slack so that the
+proof holds for float32 rounding too (a bound of 4.25 in exact arithmetic is 4.25 +- a few ulps in
+the kernel; truncated, both are 4).
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+__all__ = ["bounds", "within", "of_outputs", "assume_for_inputs"]
+
+aten = torch.ops.aten
+
+#: relative widening of a bound computed in floating point (float32's epsilon is 1.2e-7; a chain of
+#: a few ops stays well inside 1e-5)
+SLACK = 1e-5
+
+_SAME = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
+         aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.expand.default, aten.clone.default,
+         aten.alias.default, aten.permute.default, aten.slice.Tensor, aten.select.int,
+         aten.t.default, aten.transpose.int, aten.contiguous.default}
+_CASTS = {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+_ARANGES = {aten.arange.default, aten.arange.start, aten.arange.start_step}
+_ROUNDING = {aten.floor.default: math.floor, aten.ceil.default: math.ceil, aten.trunc.default: math.trunc,
+             aten.round.default: round}
+
+
+def within(node, size: int) -> bool:
+    """Every value of ``node`` (an integer index) lies in [0, size): proved, not sampled."""
+    found = bounds(node)
+    return found is not None and found[0] >= 0 and found[1] <= size - 1
+
+
+def bounds(node) -> tuple[float, float] | None:
+    """(low, high) of every value ``node`` holds (a number: itself), or None when not proved."""
+    if isinstance(node, bool):
+        return (float(node), float(node))
+    if isinstance(node, (int, float)):
+        return (float(node), float(node)) if math.isfinite(node) else None
+    if not isinstance(node, fx.Node):
+        return None
+    if "kl_bounds" not in node.meta:
+        node.meta["kl_bounds"] = _bounds(node)
+    return node.meta["kl_bounds"]
+
+
+def _value(node):
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _is_float(node) -> bool:
+    val = _value(node)
+    return isinstance(val, torch.Tensor) and val.is_floating_point()
+
+
+def _bounds(node: fx.Node) -> tuple[float, float] | None:
+    if node.op == "get_attr":
+        return _arange_buffer(node)
+    if node.op != "call_function":
+        return None
+    target, args = node.target, node.args
+    if target is operator.getitem:
+        return _positions(args[0], args[1])
+    if target in _SAME:
+        return bounds(args[0])
+    if target in _ARANGES:
+        return _arange(node)
+    if target in (aten.full.default, aten.scalar_tensor.default):
+        return bounds(args[1] if target is aten.full.default else args[0])
+    if target in _CASTS:
+        return _cast(node, bounds(args[0]))
+    if target in _ROUNDING:
+        found = bounds(args[0])
+        return None if found is None else (float(_ROUNDING[target](found[0])), float(_ROUNDING[target](found[1])))
+    if target in (aten.argmax.default, aten.argmin.default):
+        return _positions_along(args[0], args[1] if len(args) > 1 else None)
+    if target in (aten.index_put_.default, aten.index_put.default):
+        return _put(node)
+    return _arithmetic(node)
+
+
+def _put(node: fx.Node) -> tuple[float, float] | None:
+    """``base[indices] = values`` (not accumulating): every element is the base's or a value.
+    An empty base whose every slot is written (one index per slot, a sort's positions over as many
+    slots: a permutation) holds only values: MoE routing's inverse permutation."""
+    base, indices, values = node.args[:3]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    found = bounds(values)
+    if accumulate or found is None:
+        return None
+    known = bounds(base)
+    if known is not None:
+        return (min(known[0], found[0]), max(known[1], found[1]))
+    return found if _permutes(base, indices) else None
+
+
+def _permutes(base, indices) -> bool:
+    """Do ``indices`` write every slot of 1-d ``base`` once (the positions a 1-d sort returns)?"""
+    if len(indices) != 1 or not isinstance(indices[0], fx.Node):
+        return False
+    index, base_val = indices[0], _value(base)
+    if not (index.target is operator.getitem and index.args[1] == 1 and isinstance(index.args[0], fx.Node)
+            and index.args[0].target in (aten.sort.default, aten.sort.stable)):
+        return False
+    sorted_val = _value(index.args[0].args[0])
+    return (isinstance(base_val, torch.Tensor) and isinstance(sorted_val, torch.Tensor) and base_val.dim() == 1
+            and sorted_val.dim() == 1 and base_val.shape[0] == sorted_val.shape[0])
+
+
+def _arithmetic(node: fx.Node) -> tuple[float, float] | None:
+    target, args, kwargs = node.target, node.args, node.kwargs
+    if target in (aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar):
+        a, b = bounds(args[0]), bounds(args[1])
+        alpha = kwargs.get("alpha", 1)
+        if a is None or b is None or not isinstance(alpha, (int, float)):
+            return None
+        b = _scale(b, alpha)
+        if target in (aten.sub.Tensor, aten.sub.Scalar):
+            b = (-b[1], -b[0])
+        return _rounded(node, (a[0] + b[0], a[1] + b[1]))
+    if target in (aten.mul.Tensor, aten.mul.Scalar):
+        a, b = bounds(args[0]), bounds(args[1])
+        if a is None or b is None:
+            return None
+        products = [x * y for x in a for y in b]
+        return _rounded(node, (min(products), max(products)))
+    if target in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default):
+        return _clamp(node)
+    if target in (aten.minimum.default, aten.maximum.default):
+        a, b = bounds(args[0]), bounds(args[1])
+        if a is None or b is None:
+            return None
+        pick = min if target is aten.minimum.default else max
+        return (pick(a[0], b[0]), pick(a[1], b[1]))
+    if target is aten.where.self:
+        a, b = bounds(args[1]), bounds(args[2])
+        return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
+    if target in (aten.div.Tensor_mode, aten.div.Scalar_mode, aten.floor_divide.default):
+        return _divided(node)
+    if target in (aten.remainder.Scalar, aten.remainder.Tensor) and not _is_float(node):
+        n = bounds(args[1])
+        return (0.0, n[0] - 1) if n is not None and n[0] == n[1] and n[0] >= 1 else None
+    return None
+
+
+def _divided(node: fx.Node) -> tuple[float, float] | None:
+    """Integer division by a positive constant, floored or truncated (both monotone: MoE routing's
+    token of each sorted slot, ``sorted_position // top_k``)."""
+    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+    if node.target is aten.floor_divide.default:
+        mode = "floor"
+    a, b = bounds(node.args[0]), bounds(node.args[1])
+    if _is_float(node) or mode not in ("floor", "trunc") or a is None or b is None or b[0] != b[1] or b[0] <= 0:
+        return None
+    rnd = math.floor if mode == "floor" else math.trunc
+    return (float(rnd(a[0] / b[0])), float(rnd(a[1] / b[0])))
+
+
+def _scale(b: tuple, alpha) -> tuple:
+    lo, hi = b[0] * alpha, b[1] * alpha
+    return (min(lo, hi), max(lo, hi))
+
+
+def _rounded(node, found: tuple) -> tuple:
+    """Float results widened by the slack; integer results are exact."""
+    if not _is_float(node):
+        return found
+    lo, hi = found
+    return (lo - SLACK * max(1.0, abs(lo)), hi + SLACK * max(1.0, abs(hi)))
+
+
+def _clamp(node: fx.Node) -> tuple[float, float] | None:
+    args = node.args
+    if node.target is aten.clamp_min.default:
+        low, high = args[1], None
+    elif node.target is aten.clamp_max.default:
+        low, high = None, args[1]
+    else:
+        low = args[1] if len(args) > 1 else node.kwargs.get("min")
+        high = args[2] if len(args) > 2 else node.kwargs.get("max")
+    found = bounds(args[0])
+    if found is None:
+        # integers clamped on both sides lie between the bounds whatever they were (a float NaN
+        # would stay NaN); torch gives ``max`` everywhere when ``min`` > ``max``
+        b_low, b_high = bounds(low), bounds(high)
+        if _is_float(node) or b_low is None or b_high is None:
+            return None
+        return (min(b_low[0], b_high[1]), b_high[1])
+    lo, hi = found
+    if low is not None:
+        b = bounds(low)
+        if b is None:
+            return None if high is None else (lo, hi)  # an unknown lower bound: only the upper one holds
+        lo, hi = max(lo, b[0]), max(hi, b[0])
+    if high is not None:
+        b = bounds(high)
+        if b is not None:
+            lo, hi = min(lo, b[1]), min(hi, b[1])
+    return (lo, hi)
+
+
+def _cast(node: fx.Node, found) -> tuple[float, float] | None:
+    """A float cast to an integer type truncates toward zero (monotone); to a float it keeps the
+    value (up to rounding, covered by the slack); to bool it is 0 or 1."""
+    val = _value(node)
+    if found is None or not isinstance(val, torch.Tensor):
+        return None
+    if val.dtype == torch.bool:
+        return (0.0, 1.0)
+    if val.is_floating_point():
+        return _rounded(node, found)
+    return (float(math.trunc(found[0])), float(math.trunc(found[1])))
+
+
+def _arange(node: fx.Node) -> tuple[float, float] | None:
+    val = _value(node)
+    if not isinstance(val, torch.Tensor) or val.dim() != 1 or not isinstance(val.shape[0], int) or val.shape[0] == 0:
+        return None
+    args = [a for a in node.args]
+    if node.target is aten.arange.default:
+        start, step = 0, 1
+    else:
+        start, step = args[0], (args[2] if len(args) > 2 else node.kwargs.get("step", 1))
+    if not all(isinstance(v, (int, float)) for v in (start, step)):
+        return None
+    last = start + step * (val.shape[0] - 1)
+    return _rounded(node, (float(min(start, last)), float(max(start, last))))
+
+
+def _arange_buffer(node: fx.Node) -> tuple[float, float] | None:
+    """An arange made a constant buffer of the graph (``rewrites.aranges_as_constants``)."""
+    found, val = node.meta.get("kl_arange"), _value(node)
+    if found is None or not isinstance(val, torch.Tensor) or val.dim() != 1 or val.shape[0] == 0:
+        return None
+    start, step = found
+    last = start + step * (int(val.shape[0]) - 1)
+    return (float(min(start, last)), float(max(start, last)))
+
+
+#: ops whose second output holds positions along a dim of their input: (dim argument position, default)
+_POSITIONS = {aten.sort.default: (1, -1), aten.sort.stable: (None, -1), aten.topk.default: (2, -1),
+              aten.max.dim: (1, None), aten.min.dim: (1, None), aten.kthvalue.default: (2, -1),
+              aten.mode.default: (1, -1), aten.cummax.default: (1, None), aten.cummin.default: (1, None)}
+
+
+def _positions(producer, k) -> tuple[float, float] | None:
+    """The indices output of a sort, top-k, max(dim)...: positions along the dim it works on."""
+    if k != 1 or not isinstance(producer, fx.Node) or producer.target not in _POSITIONS:
+        return None
+    where, default = _POSITIONS[producer.target]
+    dim = producer.kwargs.get("dim", producer.args[where] if where is not None and len(producer.args) > where else default)
+    return _positions_along(producer.args[0], dim)
+
+
+def _positions_along(source, dim) -> tuple[float, float] | None:
+    val = _value(source)
+    if not isinstance(val, torch.Tensor):
+        return None
+    size = val.numel() if dim is None else (val.shape[dim % val.dim()] if val.dim() else 1)
+    if not isinstance(size, int) or size == 0:
+        return None
+    return (0.0, float(size - 1))
+
+
+def of_outputs(gm: fx.GraphModule) -> dict:
+    """Proved bounds of a forward graph's outputs, by node name: the values it saves for the
+    backward graph, whose inputs aot_autograd names alike. (Segformer's backward recomputes its
+    interpolations' gathers from the saved indices; without the forward's proof they stayed ATen's.)"""
+    out = {}
+    for node in gm.graph.find_nodes(op="output"):
+        for arg in pytree.tree_leaves(node.args[0]):
+            found = bounds(arg) if isinstance(arg, fx.Node) else None
+            if found is not None:
+                out[arg.name] = found
+    for node in gm.graph.nodes:  # the rewrites change the graph next: proofs are made again after
+        node.meta.pop("kl_bounds", None)
+    return out
+
+
+def assume_for_inputs(gm: fx.GraphModule, known: dict) -> None:
+    """The backward graph's inputs that are saved forward values take the bounds proved there."""
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" and node.name in known:
+            node.meta["kl_bounds"] = known[node.name]

@@ -1,0 +1,180 @@
+"""Gathers (``x[..., i, j]``, interpolation's neighbour reads) generated as loads inside pointwise
+kernels, when their indices are proved in range (``kernelab.compiler.bounds``); indices that come
+from the data stay ATen's, with the reason in the plan.
+
+Before (2026-12-04), every ``aten.index`` ran as an ATen kernel writing a full-size tensor that the
+next kernel read back: bilinear upsampling was four gathers and a kernel of lerps (Segformer's
+training step predicted more kernels than eager)."""
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+import kernelab.compiler as klc
+from kernelab.compiler import bounds
+from tests.compiler.conftest import REL, rel_norm
+
+aten = torch.ops.aten
+
+
+def _graph(fn, *example):
+    """The ATen graph of ``fn`` with ``val`` metadata (make_fx on fake tensors)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode="fake")(*example)
+
+
+def _node(gm: fx.GraphModule, target):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is target][-1]
+
+
+def test_bounds_of_an_interpolation_index_chain():
+    """trunc(clamp((arange(10) + 0.5) * 0.5 - 0.5, 0)) lies in [0, 4]: bilinear's source rows."""
+    gm = _graph(lambda x: ((torch.arange(10, dtype=torch.float32) + 0.5) * 0.5 - 0.5).clamp(min=0).long() + x,
+                torch.zeros((), dtype=torch.int64))
+    index = _node(gm, aten._to_copy.default)
+    assert bounds.bounds(index) == (0.0, 4.0)
+    assert bounds.within(index, 5) and not bounds.within(index, 4)
+
+
+def test_bounds_are_conservative_at_an_integer_edge():
+    """arange(11) * 0.5 reaches 5.0 exactly: float32 rounding could make it 5.0000x, truncated 5
+    either way; with 0.45 it stays below 5 by more than the slack: proved within 5 elements."""
+    gm = _graph(lambda x: (torch.arange(11, dtype=torch.float32) * 0.5).long() + x, torch.zeros((), dtype=torch.int64))
+    assert not bounds.within(_node(gm, aten._to_copy.default), 5)
+    gm = _graph(lambda x: (torch.arange(11, dtype=torch.float32) * 0.45).long() + x, torch.zeros((), dtype=torch.int64))
+    assert bounds.within(_node(gm, aten._to_copy.default), 5)
+
+
+def test_bounds_of_positions_and_of_data():
+    """A top-k's indices are positions along its dim; a tensor from outside the graph has none."""
+    gm = _graph(lambda x: x.topk(3, -1).indices + 0, torch.randn(4, 7))
+    assert bounds.bounds(_node(gm, aten.add.Tensor)) == (0.0, 6.0)
+    gm = _graph(lambda i: i.clamp(-2, 3) + 1, torch.zeros(5, dtype=torch.int64))
+    assert bounds.bounds(_node(gm, aten.add.Tensor)) == (-1.0, 4.0)
+    gm = _graph(lambda i: i + 1, torch.zeros(5, dtype=torch.int64))
+    assert bounds.bounds(_node(gm, aten.add.Tensor)) is None
+
+
+def _inverse(perm):
+    """The inverse of a permutation, written slot by slot into an empty tensor."""
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel())
+    return inv
+
+
+PROGRAMS = {
+    "bilinear": (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), (2, 3, 5, 6)),
+    "bilinear_corners": (lambda x: F.interpolate(x, size=(9, 13), mode="bilinear", align_corners=True), (2, 3, 5, 6)),
+    "nearest": (lambda x: F.interpolate(x, scale_factor=2, mode="nearest") * 2, (2, 3, 5, 6)),
+    "nearest_exact": (lambda x: F.interpolate(x, size=(7, 11), mode="nearest-exact"), (2, 3, 5, 6)),
+    "bicubic": (lambda x: F.interpolate(x, size=(7, 9), mode="bicubic", align_corners=True), (2, 3, 5, 6)),
+    "trilinear": (lambda x: F.interpolate(x, scale_factor=(2, 1.5, 2), mode="trilinear"), (1, 2, 3, 4, 5)),
+    "channels_last": (lambda x: F.interpolate(x.to(memory_format=torch.channels_last), scale_factor=2,
+                                              mode="bilinear").relu(), (2, 3, 5, 6)),
+    "dims_after_the_index": (lambda x: x[:, torch.arange(-1, 4).clamp(0, 2)] + 1, (2, 3, 5, 6)),
+    "topk_positions": (lambda x: x.flatten(1)[torch.arange(2)[:, None], x.flatten(1).topk(3, -1).indices], (2, 3, 5)),
+    "sorted_rows": (lambda x: x[x[:, 0].sort().indices] * 3, (6, 4)),
+    # MoE routing (Mixtral): each sorted expert slot's token, slot // top_k
+    "inverse_permutation": (lambda x: x[_inverse(x[:, 0].sort().indices)] * 2, (6, 4)),
+    "routing": (lambda x: x[(x @ x.t()).topk(2, -1).indices.view(-1).sort().indices // 2].sigmoid(), (6, 4)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_gather_program_matches_eager_and_is_generated(name, dtype):
+    fn, shape = PROGRAMS[name]
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = fn(a)
+    got = torch.compile(fn, backend="kernelab")(b)
+    weight = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+    (want.float() * weight).sum().backward()
+    (got.float() * weight).sum().backward()
+    tol = REL if dtype == torch.float32 else 3e-3
+    assert rel_norm(got.float(), want.float()) <= tol
+    assert rel_norm(b.grad.float(), a.grad.float()) <= tol
+    torch._dynamo.reset()
+    plan = klc.explain(fn, x)
+    generated = [g for gp in plan.graphs for g in gp.groups if "index" in g.name]
+    left = [e for gp in plan.graphs for e in gp.eager if e[1] in ("aten.index.Tensor", "aten._unsafe_index.Tensor")]
+    assert generated and not left, (generated, left)
+
+
+def test_indices_from_the_data_stay_aten_with_the_reason():
+    """A user's index tensor may hold anything: the gather stays ATen's (which raises on a bad
+    index); the result still matches, and the plan says why."""
+    def fn(x, i):
+        return x[:, i] * 2
+
+    x, i = torch.randn(3, 5), torch.tensor([0, 4, 2, 2])
+    assert torch.equal(torch.compile(fn, backend="kernelab")(x, i), fn(x, i))
+    torch._dynamo.reset()
+    plan = klc.explain(fn, x, i)
+    (left,) = [e for gp in plan.graphs for e in gp.eager if e[1] == "aten.index.Tensor"]
+    assert "indices from the data" in left[2]
+    with pytest.raises(IndexError):
+        torch.compile(fn, backend="kernelab")(x, torch.tensor([5]))
+
+
+def test_an_index_that_may_be_negative_is_not_generated():
+    """arange(-1, 4) unclamped reaches -1 (Python's wrap-around): not proved in [0, size)."""
+    def fn(x):
+        return x[:, torch.arange(-1, 3)] + 1
+
+    x = torch.randn(2, 4)
+    assert torch.equal(torch.compile(fn, backend="kernelab")(x), fn(x))
+    torch._dynamo.reset()
+    plan = klc.explain(fn, x)
+    assert [e for gp in plan.graphs for e in gp.eager if e[1] == "aten.index.Tensor"]
+
+
+def test_gathers_under_dynamic_shapes():
+    """Interpolation called at three batch sizes with dynamic=True: right at every size."""
+    fn = PROGRAMS["bilinear"][0]
+    compiled = torch.compile(fn, backend="kernelab", dynamic=True)
+    for n in (2, 3, 5):
+        x = torch.randn(n, 3, 5, 6)
+        assert rel_norm(compiled(x), fn(x)) <= REL
+
+
+def test_inference_interpolation_is_one_kernel_with_its_indices():
+    """Without a backward to save them for, nearest upsampling's index arithmetic is computed in
+    the kernel that gathers: one kernel where eager launches one and the decomposition five."""
+    fn = PROGRAMS["nearest"][0]
+    with torch.no_grad():
+        plan = klc.explain(fn, torch.randn(2, 3, 5, 6))
+    (group,) = [g for gp in plan.graphs for g in gp.groups]
+    assert "index" in group.name and not [e for gp in plan.graphs for e in gp.eager if "index" in e[1]]
+
+
+def test_a_gather_recomputed_in_the_backward_keeps_the_forwards_proof():
+    """The partitioner recomputes an interpolation in the backward from the indices the forward
+    saved: those arrive as the backward graph's inputs, proved in range by the forward
+    (``bounds.of_outputs``). Segformer's backward ran four such gathers as ATen's before."""
+    labels = torch.zeros(2, 12, 12, dtype=torch.long)
+
+    def step(x):
+        y = F.interpolate(x, size=(12, 12), mode="bilinear")
+        return F.cross_entropy(y, labels, reduction="none").sum()
+
+    x = torch.randn(2, 3, 5, 6)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    step(a).backward()
+    torch.compile(step, backend="kernelab")(b).backward()
+    assert rel_norm(b.grad, a.grad) <= REL
+    torch._dynamo.reset()
+    plan = klc.explain(lambda x: step(x).backward(), x.clone().requires_grad_())
+    backward = [gp for gp in plan.graphs if gp.kind == "backward"]
+    assert backward and all(not [e for e in gp.eager if e[1] == "aten.index.Tensor"] for gp in backward)
+    assert any("index" in g.name for gp in backward for g in gp.groups)
+
+
+def test_an_index_made_by_a_constant_fill():
+    """A gather by a filled index (one value everywhere, inlined as a literal)."""
+    def fn(x):
+        return x[:, torch.full((4,), 2)] * 2
+
+    x = torch.randn(3, 5)
+    assert torch.equal(torch.compile(fn, backend="kernelab")(x), fn(x))
