@@ -23,7 +23,6 @@ from ..targets import compiles_every_time
 from . import fusion
 from .eventlog import ACTIVE_PLAN
 from .group_runner import SymbolValues, call_node, lookup, run_reference
-from .scatter import KERNEL_NAME
 
 __all__ = ["Plan", "GraphPlan", "GroupPlan", "explain", "plan_kernels", "plan_trace"]
 
@@ -222,11 +221,13 @@ class _Hooks:
         self.rec.kernels.append(KernelSpec(group.name, category, ops, reads, writes,
                                            flops=float(numel * len(ops))))
 
-    def generated_op(self, node, env: dict, fits) -> object:
-        """An ATen node the runner hands to a fixed kernel of ours (``scatter.py``) when its
-        arguments ``fits``: computed with ATen out of sight and recorded as that one kernel."""
+    def generated_op(self, node, env: dict, kernel_for) -> object:
+        """An ATen node the runner hands to a fixed kernel of ours (``scatter.py``) when
+        ``kernel_for`` its arguments names one: computed with ATen out of sight and recorded as that
+        one kernel."""
         args = fx.node.map_arg(node.args, lambda a: lookup(a, env))
-        if not fits(*args[:3]):
+        name = kernel_for(*args[:3])
+        if name is None:
             return call_node(node, env)
         self.rec.suppress += 1
         try:
@@ -235,8 +236,8 @@ class _Hooks:
             self.rec.suppress -= 1
         info = self.rec.ids.info
         base, indices, values = args[:3]
-        self.rec.kernels.append(KernelSpec(KERNEL_NAME, "pointwise", ["index_put"],
-                                           [info(values), info(indices[0]), info(base)], [info(out)],
+        reads = [info(values)] + [info(i) for i in indices if i is not None] + [info(base)]
+        self.rec.kernels.append(KernelSpec(name, "pointwise", ["index_put"], reads, [info(out)],
                                            flops=float(values.numel())))
         return out
 

@@ -30,7 +30,7 @@ from . import fusion, ops_table
 
 __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
-           "aranges_as_constants", "index_puts_in_place", "small_sums_as_adds", "inputs_in_row_space", "trailing_reductions_as_rows",
+           "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds", "inputs_in_row_space", "trailing_reductions_as_rows",
            "conv_biases_as_adds", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norms_in_place", "rewrite"]
 
@@ -44,7 +44,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + full_reductions_as_rows(gm)
             + trailing_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
             + casts_through_views(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
-            + inputs_in_row_space(gm) + conv_biases_as_adds(gm) + slices_through_products(gm)
+            + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm) + slices_through_products(gm)
             + negated_cat_pieces(gm) + cats_of_products(gm))
 
 
@@ -860,6 +860,53 @@ def index_puts_in_place(gm: fx.GraphModule) -> int:
     if count:
         gm.recompile()
     return count
+
+
+def scatter_sums_into_one_buffer(gm: fx.GraphModule) -> int:
+    """``add(index_put_(a, I, v, True), index_put_(zeros, J, w, True))`` ->
+    ``index_put_(index_put_(a, I, v, True), J, w, True)``: a sum of accumulating scatters, each into
+    a zero fill of its own, accumulates into one buffer. The backward of a gather that reads a
+    tensor at several places is such a sum: bilinear interpolation's (four neighbours) was four
+    fills, four scatters and three adds, now one fill and four scatters into it (bicubic: sixteen).
+    Only where both scatters are read by the add alone, and the second's base is a zero fill read
+    by its scatter alone."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.add.Tensor or node.kwargs.get("alpha", 1) != 1:
+            continue
+        if len(node.args) != 2 or not all(_private_scatter(a, node) for a in node.args):
+            continue
+        first, second = node.args
+        if not _zero_fill_of(second):
+            first, second = second, first
+        if not _zero_fill_of(second) or fusion.value(first).shape != fusion.value(node).shape \
+                or fusion.value(first).dtype != fusion.value(node).dtype:
+            continue
+        with gm.graph.inserting_before(node):
+            merged = gm.graph.call_function(aten.index_put_.default, (first,) + tuple(second.args[1:]), second.kwargs)
+        merged.meta = dict(node.meta)
+        node.replace_all_uses_with(merged)
+        gm.graph.erase_node(node)
+        fill = second.args[0]
+        gm.graph.erase_node(second)
+        gm.graph.erase_node(fill)
+        count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+def _private_scatter(node, reader) -> bool:
+    """An accumulating in-place ``index_put_`` whose result ``reader`` alone reads."""
+    return (isinstance(node, fx.Node) and node.op == "call_function" and node.target is aten.index_put_.default
+            and fusion.accumulating_index_put(node) and set(node.users) == {reader} and len(node.args) >= 3)
+
+
+def _zero_fill_of(scatter) -> bool:
+    """The scatter's base is a zero fill that only the scatter reads."""
+    base = scatter.args[0]
+    return (isinstance(base, fx.Node) and fusion.is_constant(base) and fusion.constant_value(base) == 0
+            and set(base.users) == {scatter})
 
 
 def _fresh_buffer(node) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from . import fusion, layout, scatter
+from . import bounds, fusion, layout, scatter
 from .kcache import cache_dir, kernel_module
 from .group_runner import GroupRunner, call_node, interpreted, lookup, run_reference
 from .tiling import DEFAULT as DEFAULT_TILING, Tiling
@@ -83,7 +83,7 @@ class GraphRunner:
             else:
                 target = self.target(item)
                 if hooks is not None and isinstance(target, scatter.ScatterAddRows):
-                    env[item] = hooks.generated_op(item, env, scatter.fits)
+                    env[item] = hooks.generated_op(item, env, target.kernel_for)
                 else:
                     env[item] = call_node(item, env, target)
             for n in dead:
@@ -96,7 +96,7 @@ class GraphRunner:
         """What runs an ATen node: its op, a product writing into a padded buffer, or the row
         scatter-add kernel (``scatter.py``) for an accumulating ``index_put_``."""
         if scatter.accumulates(node):
-            return _SCATTER_ADD_ROWS
+            return _SCATTER_ADD_PROVED if _indices_proved(node) else _SCATTER_ADD_ROWS
         stride = self.padding.rows.get(node)
         if stride is not None:
             return layout.PaddedProduct(layout.MATMULS[fusion.target_name(node)], stride)
@@ -118,6 +118,14 @@ class GraphRunner:
 
 
 _SCATTER_ADD_ROWS = scatter.ScatterAddRows()
+_SCATTER_ADD_PROVED = scatter.ScatterAddRows(proved=True)
+
+
+def _indices_proved(node: fx.Node) -> bool:
+    """Every index tensor of an ``index_put_`` node proved within its dim of the base (``bounds``)."""
+    base, indices = node.args[0], node.args[1]
+    sizes = fusion.value(base).shape
+    return all(i is None or bounds.within(i, sizes[d]) for d, i in enumerate(indices))
 
 
 def _direct_target(target):

@@ -18,6 +18,12 @@ An index outside ``[-V, V)`` makes eager PyTorch stop with an error; a kernel ca
 a row adds NaN to row 0 instead: loud, never a plausible wrong number (the convention of the
 compiler's other indexing, ``rewrites.one_hot_indexing``). Embedding indices never get here out of
 range: the forward's lookup of the same ids has already raised.
+
+Place scatter-add (``kl_scatter_add``): indices on several consecutive dims, broadcast together
+(``zeros(N, C, H, W).index_put_([None, None, ih, iw], dy, accumulate=True)``: the backward of an
+interpolation's gather of a neighbour), one atomic add per value, ``BLOCK`` values a program. It
+runs only where the compiler proved the indices in range (``bounds.py``: the forward proved them
+and saved them for the backward), so it has no out-of-range convention: anything unproved is ATen's.
 """
 from __future__ import annotations
 
@@ -29,14 +35,18 @@ from ..launch import Launcher
 from .fusion import accumulating_index_put as accumulates
 from .group_runner import interpreted, pow2
 
-__all__ = ["KERNEL_NAME", "ScatterAddRows", "accumulates", "fast_path", "fits"]
+__all__ = ["KERNEL_NAME", "PLACES_KERNEL_NAME", "ScatterAddRows", "accumulates", "fast_path", "fits", "places_fit"]
 
 aten = torch.ops.aten
 
 #: the kernel's name, as profilers and ``kernelab.count`` show it
 KERNEL_NAME = "kl_scatter_add_rows"
+#: the place scatter-add kernel's name
+PLACES_KERNEL_NAME = "kl_scatter_add"
 #: index rows per program, and the widest column block one step of a program adds
 ROWS, MAX_BLOCK = 4, 1024
+#: values a program of the place kernel adds, and the most indexed dims it takes
+PLACES_BLOCK, MAX_INDEXED = 1024, 3
 
 
 def fits(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
@@ -53,6 +63,27 @@ def fits(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
         tuple(values.shape) == tuple(idx.shape) + tuple(base.shape[1:])
 
 
+def places_fit(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
+    """The place kernel's form: up to three integer index tensors on consecutive dims of a
+    contiguous, non-empty float32 ``base``, broadcast together, ``values`` of the gather's shape
+    (``base`` with the indexed dims replaced by the indices' broadcast shape), deterministic
+    algorithms off. The indices' range is the caller's proof (``ScatterAddRows(proved=True)``)."""
+    if torch.are_deterministic_algorithms_enabled() or base.dtype != torch.float32 or values.dtype != base.dtype:
+        return False
+    dims = [d for d, i in enumerate(indices) if i is not None]
+    if not dims or len(dims) > MAX_INDEXED or dims != list(range(dims[0], dims[-1] + 1)):
+        return False
+    idx = [indices[d] for d in dims]
+    if any(i.dtype not in (torch.int64, torch.int32) for i in idx) or base.numel() == 0 or not base.is_contiguous():
+        return False
+    try:
+        middle = torch.broadcast_shapes(*(i.shape for i in idx))
+    except RuntimeError:
+        return False
+    first, last = dims[0], dims[-1] + 1
+    return tuple(values.shape) == tuple(base.shape[:first]) + tuple(middle) + tuple(base.shape[last:])
+
+
 def fast_path(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
     """Does the kernel run this call? It :func:`fits`, on one CUDA device (or on the CPU under
     Triton's interpreter). Anything else runs ATen's ``index_put_``."""
@@ -61,12 +92,34 @@ def fast_path(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
     return base.is_cuda or (interpreted() and base.device.type == "cpu")
 
 
+def _on_our_device(base, indices, values) -> bool:
+    tensors = [base, values] + [i for i in indices if i is not None]
+    if len({t.device for t in tensors}) != 1:
+        return False
+    return base.is_cuda or (interpreted() and base.device.type == "cpu")
+
+
 class ScatterAddRows:
-    """Runs an accumulating ``index_put_`` node: the kernel on the fast path, ATen otherwise."""
+    """Runs an accumulating ``index_put_`` node: the row kernel on its fast path, the place kernel
+    where the node's indices were proved in range (``proved``) and the call has its form, ATen
+    otherwise."""
 
     kernel_name = KERNEL_NAME
 
+    def __init__(self, proved: bool = False):
+        self.proved = proved
+
+    def kernel_for(self, base, indices, values) -> str | None:
+        """The kernel a call of this form runs, whatever its device (a plan's prediction), or None
+        (ATen's ``index_put_``)."""
+        if fits(base, indices, values):
+            return KERNEL_NAME
+        return PLACES_KERNEL_NAME if self.proved and places_fit(base, indices, values) else None
+
     def __call__(self, base, indices, values, accumulate=False):
+        if accumulate and self.proved and not fits(base, indices, values) and places_fit(base, indices, values) \
+                and _on_our_device(base, indices, values):
+            return _scatter_add_places(base, indices, values)
         if not accumulate or not fast_path(base, indices, values):
             return aten.index_put_.default(base, indices, values, accumulate)
         idx = indices[0].reshape(-1)
@@ -84,9 +137,65 @@ class ScatterAddRows:
         return base
 
 
+def _scatter_add_places(base, indices, values):
+    """base[..., i, j, ...] += values, one atomic add per value (``places_fit``; indices proved)."""
+    dims = [d for d, i in enumerate(indices) if i is not None]
+    first, last = dims[0], dims[-1] + 1
+    idx = [i.to(torch.int64).contiguous() for i in torch.broadcast_tensors(*(indices[d] for d in dims))]
+    places = idx[0].numel()  # positions of the indices' broadcast shape
+    inner = 1
+    for s in base.shape[last:]:
+        inner *= s
+    outer_stride = inner
+    for s in base.shape[first:last]:
+        outer_stride *= s  # one step of the dims before the indexed ones, in base
+    strides = [base.stride(d) for d in dims] + [0] * (MAX_INDEXED - len(dims))
+    pointers = idx + [idx[0]] * (MAX_INDEXED - len(dims))  # unused slots: never read (K)
+    src = values.contiguous()
+    numel = src.numel()
+    if numel == 0:
+        return base
+    grid = ((numel + PLACES_BLOCK - 1) // PLACES_BLOCK,)
+    _places_launcher()(grid, base, src, *pointers, numel, places, inner, outer_stride, *strides,
+                       K=len(dims), BLOCK=PLACES_BLOCK, num_warps=4)
+    return base
+
+
 @functools.cache
 def _launcher() -> Launcher:
     return Launcher(_kernel(), interpreted())
+
+
+@functools.cache
+def _places_launcher() -> Launcher:
+    return Launcher(_places_kernel(), interpreted())
+
+
+@functools.cache
+def _places_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kl_scatter_add(base_ptr, src_ptr, i0_ptr, i1_ptr, i2_ptr, numel, places, inner, outer_stride,
+                       stride0, stride1, stride2, K: tl.constexpr, BLOCK: tl.constexpr):
+        # value v at (outer o, place p of the indices' broadcast shape, inner t), contiguous;
+        # it goes to base[o, i0[p], i1[p], i2[p], t]: o * outer_stride + sum(ik[p] * stride_k) + t
+        v = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = v < numel
+        t = v % inner
+        q = v // inner
+        p = q % places
+        o = q // places
+        target = o * outer_stride + t + tl.load(i0_ptr + p, mask=mask, other=0).to(tl.int64) * stride0
+        if K > 1:
+            target += tl.load(i1_ptr + p, mask=mask, other=0).to(tl.int64) * stride1
+        if K > 2:
+            target += tl.load(i2_ptr + p, mask=mask, other=0).to(tl.int64) * stride2
+        value = tl.load(src_ptr + v, mask=mask, other=0.0)
+        tl.atomic_add(base_ptr + target, value, mask=mask, sem="relaxed")
+
+    return kl_scatter_add
 
 
 @functools.cache

@@ -178,3 +178,50 @@ def test_an_index_made_by_a_constant_fill():
 
     x = torch.randn(3, 5)
     assert torch.equal(torch.compile(fn, backend="kernelab")(x), fn(x))
+
+
+def test_the_backward_of_a_gather_at_four_places_accumulates_into_one_buffer():
+    """Bilinear interpolation's backward: the four neighbours' scatters add into one zero fill
+    (``rewrites.scatter_sums_into_one_buffer``), not four fills summed by three adds."""
+    x = torch.randn(2, 3, 5, 6, requires_grad=True)
+    plan = klc.explain(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear").sum().backward(), x)
+    (backward,) = [gp for gp in plan.graphs if gp.kind == "backward"]
+    ops = [e[1] for e in backward.eager]
+    assert ops.count("aten.index_put_.default") == 4 and ops.count("aten.full.default") == 1, ops
+    assert not [g for g in backward.groups if g.ops == [op for op in g.ops if op.endswith("= add")]]  # no kernel of adds alone
+
+
+def test_the_place_scatter_add_kernel_matches_aten():
+    """``kl_scatter_add`` (indices on consecutive dims, broadcast together, repeated places)
+    against ATen's accumulating ``index_put_``; unproved, the same call is ATen's."""
+    from kernelab.compiler import scatter
+
+    g = torch.Generator().manual_seed(0)
+    ih = torch.randint(0, 5, (7, 1), generator=g)
+    iw = torch.randint(0, 6, (9,), generator=g)
+    values = torch.randn(2, 3, 7, 9, generator=g)
+    want = aten.index_put_.default(torch.zeros(2, 3, 5, 6), [None, None, ih, iw], values, True)
+    run = scatter.ScatterAddRows(proved=True)
+    assert run.kernel_for(torch.zeros(2, 3, 5, 6), [None, None, ih, iw], values) == scatter.PLACES_KERNEL_NAME
+    got = run(torch.zeros(2, 3, 5, 6), [None, None, ih, iw], values, True)
+    assert rel_norm(got, want) <= REL
+    one = torch.randint(0, 4, (5,), generator=g)  # one indexed dim in the middle, trailing dims after
+    values = torch.randn(3, 5, 2, generator=g)
+    got = run(torch.zeros(3, 4, 2), [None, one], values, True)
+    assert rel_norm(got, aten.index_put_.default(torch.zeros(3, 4, 2), [None, one], values, True)) <= REL
+    assert scatter.ScatterAddRows().kernel_for(torch.zeros(2, 3, 5, 6), [None, None, ih, iw], values) is None
+
+
+def test_an_interpolations_backward_runs_the_place_kernel(monkeypatch):
+    from kernelab.compiler import scatter
+
+    calls = []
+    real = scatter._scatter_add_places
+    monkeypatch.setattr(scatter, "_scatter_add_places", lambda *a: calls.append(1) or real(*a))
+    fn = PROGRAMS["bilinear"][0]
+    x = torch.randn(2, 3, 5, 6)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    dy = torch.randn(2, 3, 10, 12)
+    fn(a).backward(dy)
+    torch.compile(fn, backend="kernelab")(b).backward(dy)
+    assert len(calls) == 4 and rel_norm(b.grad, a.grad) <= REL

@@ -76,6 +76,21 @@ def _programs():
     ]
 
 
+def _scatter_jobs() -> list:
+    """The compiler's fixed scatter-add kernels (``scatter.py``), which no group runner launches."""
+    i32 = "i32"
+    rows = {"base_ptr": "*fp32", "idx_ptr": "*i64", "src_ptr": "*fp32", "n_idx": i32, "n_rows": i32, "width": i32,
+            "src_stride": i32, "src_col_stride": i32, "ROWS": "constexpr", "BLOCK": "constexpr"}
+    places = {"base_ptr": "*fp32", "src_ptr": "*fp32", "i0_ptr": "*i64", "i1_ptr": "*i64", "i2_ptr": "*i64",
+              "numel": i32, "places": i32, "inner": i32, "outer_stride": i32, "stride0": i32, "stride1": i32,
+              "stride2": i32, "K": "constexpr", "BLOCK": "constexpr"}
+    jobs = [{"factory": "kernelab.compiler.scatter:_kernel", "name": "kl_scatter_add_rows", "signature": rows,
+             "constexprs": {"ROWS": 4, "BLOCK": 1024}}]
+    jobs += [{"factory": "kernelab.compiler.scatter:_places_kernel", "name": "kl_scatter_add", "signature": places,
+              "constexprs": {"K": k, "BLOCK": 1024}} for k in (1, 2, 3)]
+    return jobs
+
+
 def test_generated_kernels_lower_to_ttir(monkeypatch, tmp_path):
     jobs = []
     _collect(monkeypatch, jobs)
@@ -83,6 +98,7 @@ def test_generated_kernels_lower_to_ttir(monkeypatch, tmp_path):
         torch._dynamo.reset()
         klc.compile(fn)(*args)
     assert len(jobs) >= 10
+    jobs += _scatter_jobs()
     # every variant also with 64-bit offsets (what inputs over 2**31 elements take)
     jobs += [{**job, "constexprs": {**job["constexprs"], "INT64": True}} for job in jobs
              if job["constexprs"].get("INT64") is False]

@@ -3,7 +3,8 @@ loop-carried type changes and bad broadcasts that the interpreter tolerates fail
 
     python tests/compiler/ttir_lower.py JOBS.json    (run without TRITON_INTERPRET)
 
-JOBS.json: [{"path", "name", "signature": {arg: type}, "constexprs": {arg: value}}]. Prints one
+JOBS.json: [{"path" (or "factory": "module:function" returning the kernel), "name", "signature": {arg:
+type}, "constexprs": {arg: value}}]. Prints one
 line per job: "ok NAME" or "FAIL NAME: error".
 """
 import importlib.util
@@ -15,10 +16,14 @@ def lower(job, backend, target):
     from triton._C.libtriton import ir
     from triton.compiler.compiler import ASTSource
 
-    spec = importlib.util.spec_from_file_location("kl_ttir_" + job["name"], job["path"])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fn = getattr(module, job["name"])
+    if "factory" in job:  # "module:function" returning the kernel (kernelab's fixed kernels)
+        module_name, function = job["factory"].split(":")
+        fn = getattr(importlib.import_module(module_name), function)()
+    else:
+        spec = importlib.util.spec_from_file_location("kl_ttir_" + job["name"], job["path"])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        fn = getattr(module, job["name"])
     constexprs = {(fn.arg_names.index(k),): v for k, v in job["constexprs"].items()}
     options = backend.parse_options({})
     context = ir.context()
