@@ -141,6 +141,14 @@ def _transformer():
     return TransformerBlock(512, 8)
 
 
+def upsample_bilinear(x):
+    return F.interpolate(x, scale_factor=2, mode="bilinear")
+
+
+def upsample_nearest(x):
+    return F.interpolate(x, scale_factor=2, mode="nearest")
+
+
 def R(*shape, scale=1.0, offset=0.0):
     return lambda dtype, device: (torch.randn(*shape, device=device) * scale + offset).to(dtype)
 
@@ -192,6 +200,11 @@ def programs(dry: bool):
     add("bias_gelu_fwd_bwd", bias_gelu, lambda s: [R(*s), R(s[-1])], [mid], dtypes=(bf,), backward=True)
     add("mlp_block_fwd_bwd", "mlp", lambda s: [R(*s)], [(4096, 1024)] if not dry else [(8, 1024)],
         dtypes=(bf,), backward=True)
+    # gathers at proved indices (compiler/bounds.py) and their backward's place scatter-adds
+    image = [(16, 64, 128, 128)] if not dry else [(2, 3, 5, 6)]
+    add("upsample_bilinear", upsample_bilinear, lambda s: [R(*s)], image, dtypes=(bf, f32))
+    add("upsample_nearest", upsample_nearest, lambda s: [R(*s)], image, dtypes=(bf,))
+    add("upsample_bilinear_fwd_bwd", upsample_bilinear, lambda s: [R(*s)], image, dtypes=(f32,), backward=True)
     add("transformer_block", "transformer", lambda s: [R(*s)], [(4, 512, 512)] if not dry else [(1, 8, 512)],
         dtypes=(bf,))
     return P

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from . import fusion
 from .columns import column_source
-from .emit import (Emitter, correction, doc_lines, emit_coordinates, emit_node, full_load, loads_of, name_locally,
-                   node_expression, piece_of, strided_signature, var_name)
+from .emit import (Emitter, correction, doc_lines, emit_coordinates, emit_node, full_load, gather_of, loads_of,
+                   name_locally, node_expression, piece_of, strided_signature, var_name)
 from .loops import looped_body
 from .ops_table import compute_type
 
@@ -37,7 +37,7 @@ def pointwise_source(group, rank: int) -> str:
     params = [", ".join(f"{t}_ptr" for t in tensors) + ","]
     params.append(", ".join(f"{t}_stride{d}" for t in tensors for d in range(rank)) + ",")
     gstrides = [f"in{i}_gstride{t}" for i, load in enumerate(loads) if load.role.startswith("gsrc")
-                for t in range(len(fusion.gather_parts(group.nodes[int(load.role[4:])]).indices))]
+                for t in range(len(gather_of(group, load).indices))]
     if gstrides:  # a gather source's strides along its indexed dims
         params.append(", ".join(gstrides) + ",")
     params.append(", ".join(f"size{d}" for d in range(rank)) + ", numel,")

@@ -14,7 +14,7 @@ import torch.fx as fx
 from . import fusion
 from .ops_table import COMPARE, NARROW_FLOATS, NO_PROMOTION, POINTWISE, compute_type, literal, tl_type
 
-__all__ = ["Load", "loads_of", "piece_of", "arange_of", "Emitter", "local_name", "name_locally", "var_name",
+__all__ = ["Load", "loads_of", "piece_of", "gather_of", "arange_of", "Emitter", "local_name", "name_locally", "var_name",
            "doc_lines", "node_expression", "emit_coordinates", "strided_signature", "full_load", "emit_node",
            "correction"]
 
@@ -61,6 +61,14 @@ def piece_of(group, load) -> tuple | None:
     cat = group.nodes[j]
     _, start, end = fusion.cat_pieces(cat)[k]
     return cat, fusion.cat_dim(cat), start, end
+
+
+def gather_of(group, load):
+    """The ``fusion.GatherParts`` of the gather a source ("gsrc") or index ("gidx") load feeds, else None."""
+    for prefix in ("gsrc", "gidx"):
+        if load.role.startswith(prefix):
+            return fusion.gather_parts(group.nodes[int(load.role[len(prefix):].split(".")[0])])
+    return None
 
 
 def arange_of(node, group) -> tuple | None:

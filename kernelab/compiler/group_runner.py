@@ -640,19 +640,16 @@ def _placed(t: torch.Tensor, load, group, shape) -> torch.Tensor:
     piece with its own strides; a gather's source as a view of ``shape`` that walks the source's
     kept dims and stays put along the indices' dims (the kernel adds index x stride for those); an
     index tensor right-aligned against the dims before the kept trailing ones."""
-    role = load.role
-    if role.startswith("piece"):
+    if load.role.startswith("piece"):
         return t
-    if role.startswith("gsrc"):
-        parts = fusion.gather_parts(group.nodes[int(role[len("gsrc"):])])
-        k = len(parts.indices)
+    parts = emit.gather_of(group, load)
+    if parts is None:
+        return t.expand(shape)
+    if load.role.startswith("gsrc"):
         strides = (list(t.stride()[:parts.first]) + [0] * parts.broadcast
-                   + list(t.stride()[parts.first + k:]))
+                   + list(t.stride()[parts.first + len(parts.indices):]))
         return t.as_strided(shape, strides, t.storage_offset())
-    if role.startswith("gidx"):
-        parts = fusion.gather_parts(group.nodes[int(role[len("gidx"):].split(".")[0])])
-        return t[(...,) + (None,) * parts.trail].expand(shape)
-    return t.expand(shape)
+    return t[(...,) + (None,) * parts.trail].expand(shape)
 
 
 def _gather_strides(raw, loads, group) -> list[int]:
@@ -661,7 +658,7 @@ def _gather_strides(raw, loads, group) -> list[int]:
     out = []
     for t, load in zip(raw, loads):
         if load.role.startswith("gsrc"):
-            parts = fusion.gather_parts(group.nodes[int(load.role[len("gsrc"):])])
+            parts = emit.gather_of(group, load)
             out += [t.stride(parts.first + k) for k in range(len(parts.indices))]
     return out
 
