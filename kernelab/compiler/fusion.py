@@ -306,8 +306,9 @@ def _cat_refusal(node) -> str:
     return ""
 
 
-#: advanced indexing with tensors, ``x[..., i, j]``: generated as loads at computed places
-GATHERS = ("aten.index.Tensor", "aten._unsafe_index.Tensor")
+#: advanced indexing with tensors, ``x[..., i, j]``: generated as loads at computed places (an
+#: embedding is ``weight[ids]``, an index_select ``x[(:,) * dim + (idx,)]``)
+GATHERS = ("aten.index.Tensor", "aten._unsafe_index.Tensor", "aten.embedding.default", "aten.index_select.default")
 
 
 def is_gather(node) -> bool:
@@ -340,8 +341,20 @@ class GatherParts:
     trail: int
 
 
+def gather_indices(node) -> tuple:
+    """(source, the index per source dim, None where the dim is kept) of any gather op."""
+    name = target_name(node)
+    if name == "aten.embedding.default":
+        return node.args[0], [node.args[1]] + [None] * (value(node.args[0]).dim() - 1)
+    if name == "aten.index_select.default":
+        source, dim, index = node.args[:3]
+        rank = value(source).dim()
+        return source, [None] * (dim % rank) + [index] + [None] * (rank - dim % rank - 1)
+    return node.args[0], list(node.args[1])
+
+
 def gather_parts(node) -> GatherParts:
-    source, indices = node.args[0], list(node.args[1])
+    source, indices = gather_indices(node)
     dims_ = [d for d, i in enumerate(indices) if i is not None]
     tensors = tuple(indices[d] for d in dims_)
     broadcast = max(value(i).dim() for i in tensors)
@@ -352,7 +365,7 @@ def _gather_refusal(node) -> str:
     """A gather is generated when its source is a tensor of static sizes, its indices integer
     tensors on consecutive dims that are proved to lie within those sizes (``bounds``): indices
     that come from the data stay ATen's, which checks them (a kernel would read out of bounds)."""
-    source, indices = node.args[0], list(node.args[1])
+    source, indices = gather_indices(node)
     if not is_tensor_node(source) or is_constant(source) or not static_shape(value(source)):
         return "a gather from a constant or a source of symbolic sizes is not generated"
     dims_ = [d for d, i in enumerate(indices) if i is not None]
@@ -364,11 +377,23 @@ def _gather_refusal(node) -> str:
     if not static_shape(value(node)):
         return "a gather of symbolic sizes is not generated"
     sizes = value(source).shape
+    if tuple(value(node).shape) != _gathered_shape(sizes, [indices[d] for d in dims_], dims_):
+        return "a gather whose result is not the source with its indexed dims replaced is not generated"
     for d in dims_:
         if not bounds.within(indices[d], sizes[d]):
             return (f"indices from the data (dim {d} of {sizes[d]}): ATen checks their range, a kernel "
                     "would read out of bounds")
     return ""
+
+
+def _gathered_shape(sizes, index_nodes, dims_) -> tuple | None:
+    """The source's sizes with the indexed dims replaced by the indices' broadcast shape (a 0-d
+    index of ``index_select`` keeps its dim: not this shape, so not generated)."""
+    try:
+        middle = torch.broadcast_shapes(*(value(i).shape for i in index_nodes))
+    except RuntimeError:
+        return None
+    return tuple(sizes[:dims_[0]]) + tuple(middle) + tuple(sizes[dims_[-1] + 1:])
 
 
 def _classify_reduction(node) -> tuple[str, str]:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import kernelab.compiler as klc
 from kernelab.compiler import bounds
+from kernelab.compiler.fusion import GATHERS
 from tests.compiler.conftest import REL, rel_norm
 
 aten = torch.ops.aten
@@ -76,6 +77,8 @@ PROGRAMS = {
     "topk_positions": (lambda x: x.flatten(1)[torch.arange(2)[:, None], x.flatten(1).topk(3, -1).indices], (2, 3, 5)),
     "sorted_rows": (lambda x: x[x[:, 0].sort().indices] * 3, (6, 4)),
     # MoE routing (Mixtral): each sorted expert slot's token, slot // top_k
+    "position_embedding": (lambda x: F.embedding(torch.arange(3), x) + x[:3], (5, 4)),
+    "index_select_arange": (lambda x: x.index_select(1, torch.arange(1, 4)) * 2, (3, 5, 2)),
     "inverse_permutation": (lambda x: x[_inverse(x[:, 0].sort().indices)] * 2, (6, 4)),
     "routing": (lambda x: x[(x @ x.t()).topk(2, -1).indices.view(-1).sort().indices // 2].sigmoid(), (6, 4)),
 }
@@ -97,8 +100,8 @@ def test_gather_program_matches_eager_and_is_generated(name, dtype):
     assert rel_norm(b.grad.float(), a.grad.float()) <= tol
     torch._dynamo.reset()
     plan = klc.explain(fn, x)
-    generated = [g for gp in plan.graphs for g in gp.groups if "index" in g.name]
-    left = [e for gp in plan.graphs for e in gp.eager if e[1] in ("aten.index.Tensor", "aten._unsafe_index.Tensor")]
+    generated = [g for gp in plan.graphs for g in gp.groups if "index" in g.name or "embedding" in g.name]
+    left = [e for gp in plan.graphs for e in gp.eager if e[1] in GATHERS]
     assert generated and not left, (generated, left)
 
 
@@ -225,3 +228,18 @@ def test_an_interpolations_backward_runs_the_place_kernel(monkeypatch):
     fn(a).backward(dy)
     torch.compile(fn, backend="kernelab")(b).backward(dy)
     assert len(calls) == 4 and rel_norm(b.grad, a.grad) <= REL
+
+
+def test_an_embedding_of_token_ids_stays_aten_and_of_positions_is_generated():
+    """GPT-2's two lookups: token ids come from the data (ATen's embedding, which checks them);
+    positions are an arange, proved within the table: gathered in the kernel that adds them."""
+    def fn(ids, wte, wpe):
+        return F.embedding(ids, wte) + F.embedding(torch.arange(ids.shape[-1]), wpe)
+
+    ids, wte, wpe = torch.randint(0, 11, (2, 6)), torch.randn(11, 4), torch.randn(8, 4)
+    assert rel_norm(torch.compile(fn, backend="kernelab")(ids, wte, wpe), fn(ids, wte, wpe)) <= REL
+    torch._dynamo.reset()
+    plan = klc.explain(fn, ids, wte, wpe)
+    (left,) = [e for gp in plan.graphs for e in gp.eager if e[1] == "aten.embedding.default"]
+    assert "indices from the data" in left[2]
+    assert [g for gp in plan.graphs for g in gp.groups if "embedding" in g.name]
