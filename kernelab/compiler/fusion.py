@@ -339,6 +339,7 @@ class GatherParts:
     indices: tuple  # fx.Node per indexed dim
     broadcast: int
     trail: int
+    shape: tuple  # the result's (static) sizes
 
 
 def gather_indices(node) -> tuple:
@@ -358,7 +359,8 @@ def gather_parts(node) -> GatherParts:
     dims_ = [d for d, i in enumerate(indices) if i is not None]
     tensors = tuple(indices[d] for d in dims_)
     broadcast = max(value(i).dim() for i in tensors)
-    return GatherParts(source, dims_[0], tensors, broadcast, value(source).dim() - dims_[-1] - 1)
+    return GatherParts(source, dims_[0], tensors, broadcast, value(source).dim() - dims_[-1] - 1,
+                       tuple(value(node).shape))
 
 
 def _gather_refusal(node) -> str:

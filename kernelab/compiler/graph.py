@@ -200,6 +200,9 @@ class _State:
         if other.kind != "pointwise":
             return None
         if _stays_pointwise(other):  # its pieces are placed by coordinate: the same iteration space only
+            # (a gathered value merged into a bigger pointwise kernel kept that kernel from joining
+            # the row reduction after it: GPT-2's wte(ids) + wpe(positions) then took the layer
+            # norm's residual add, and the sum made one more round trip through memory)
             return "full" if group.kind == "pointwise" and other.shape == group.shape else None
         if group.kind == "column":  # per-column values only, computed after the reduction
             return "col" if fusion.padded(other.shape, 1)[-1:] == fusion.col_shape(group) and \

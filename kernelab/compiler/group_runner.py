@@ -646,9 +646,11 @@ def _placed(t: torch.Tensor, load, group, shape) -> torch.Tensor:
     if parts is None:
         return t.expand(shape)
     if load.role.startswith("gsrc"):
+        # the gather's own result shape first, then broadcast like any operand (a position
+        # embedding's (S, D) gathered into a (B, S, D) kernel: GPT-2's wte(ids) + wpe(positions))
         strides = (list(t.stride()[:parts.first]) + [0] * parts.broadcast
                    + list(t.stride()[parts.first + len(parts.indices):]))
-        return t.as_strided(shape, strides, t.storage_offset())
+        return t.as_strided(parts.shape, strides, t.storage_offset()).expand(shape)
     return t[(...,) + (None,) * parts.trail].expand(shape)
 
 

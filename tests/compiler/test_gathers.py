@@ -243,3 +243,25 @@ def test_an_embedding_of_token_ids_stays_aten_and_of_positions_is_generated():
     (left,) = [e for gp in plan.graphs for e in gp.eager if e[1] == "aten.embedding.default"]
     assert "indices from the data" in left[2]
     assert [g for gp in plan.graphs for g in gp.groups if "embedding" in g.name]
+
+
+BROADCAST = {
+    # the gather's result broadcast into a bigger kernel: fewer dims, or size-1 dims
+    "position_embedding_added": (lambda ids, wte, wpe: F.embedding(ids, wte) + F.embedding(torch.arange(6), wpe),
+                                 lambda: (torch.randint(0, 11, (2, 6)), torch.randn(11, 4), torch.randn(8, 4))),
+    "size_one_source_dim": (lambda x, y: x[:, torch.arange(3).clamp(0, 4)] * y,
+                            lambda: (torch.randn(1, 5), torch.randn(2, 3))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROADCAST))
+def test_a_gathered_value_broadcast_against_a_bigger_one(name):
+    """A gathered value meeting a bigger one (a position embedding added to token embeddings, a
+    size-1 source dim): right, and still generated. (The gather keeps a kernel of its own shape:
+    merged into the bigger kernel, GPT-2's sum of embeddings left the layer norm's kernel.)"""
+    fn, make = BROADCAST[name]
+    args = make()
+    assert rel_norm(torch.compile(fn, backend="kernelab")(*args), fn(*args)) <= REL
+    torch._dynamo.reset()
+    plan = klc.explain(fn, *args)
+    assert [g for gp in plan.graphs for g in gp.groups if "index" in g.name or "embedding" in g.name]
