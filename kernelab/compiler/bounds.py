@@ -41,10 +41,11 @@ _ROUNDING = {aten.floor.default: math.floor, aten.ceil.default: math.ceil, aten.
              aten.round.default: round}
 
 
-def within(node, size: int) -> bool:
-    """Every value of ``node`` (an integer index) lies in [0, size): proved, not sampled."""
+def within(node, size) -> bool:
+    """Every value of ``node`` (an integer index) lies in [0, size): proved, not sampled. A
+    symbolic size proves nothing (comparing with it would add a guard)."""
     found = bounds(node)
-    return found is not None and found[0] >= 0 and found[1] <= size - 1
+    return isinstance(size, int) and found is not None and found[0] >= 0 and found[1] <= size - 1
 
 
 def bounds(node) -> tuple[float, float] | None:
@@ -56,8 +57,18 @@ def bounds(node) -> tuple[float, float] | None:
     if not isinstance(node, fx.Node):
         return None
     if "kl_bounds" not in node.meta:
-        node.meta["kl_bounds"] = _bounds(node)
+        node.meta["kl_bounds"] = _representable(node, _bounds(node))
     return node.meta["kl_bounds"]
+
+
+def _representable(node, found):
+    """None where an integer result's proved range leaves its type's: the arithmetic wrapped (or a
+    float was cast out of range), and the interval no longer describes the values."""
+    val = _value(node)
+    if found is None or not isinstance(val, torch.Tensor) or val.is_floating_point() or val.dtype == torch.bool:
+        return found
+    info = torch.iinfo(val.dtype)
+    return found if info.min <= found[0] and found[1] <= info.max else None
 
 
 def _value(node):
@@ -178,14 +189,19 @@ def _scale(b: tuple, alpha) -> tuple:
 
 
 def _rounded(node, found: tuple) -> tuple:
-    """Float results widened by the slack; integer results are exact."""
+    """Float results widened by the slack (a few epsilons of a float16 or bfloat16 result where
+    that is more: eager rounds every such op); integer results are exact."""
     if not _is_float(node):
         return found
+    slack = max(SLACK, 4 * torch.finfo(_value(node).dtype).eps)
     lo, hi = found
-    return (lo - SLACK * max(1.0, abs(lo)), hi + SLACK * max(1.0, abs(hi)))
+    return (lo - slack * max(1.0, abs(lo)), hi + slack * max(1.0, abs(hi)))
 
 
 def _clamp(node: fx.Node) -> tuple[float, float] | None:
+    """clamp(x, L, H) = min(max(x, L), H). An infinite bound on its own side clamps nothing; a NaN
+    or an unproved bound proves nothing. Integers clamped on both sides lie in [min(L, H), H]
+    whatever they were (a float NaN would stay NaN; torch gives H everywhere when L > H)."""
     args = node.args
     if node.target is aten.clamp_min.default:
         low, high = args[1], None
@@ -194,25 +210,31 @@ def _clamp(node: fx.Node) -> tuple[float, float] | None:
     else:
         low = args[1] if len(args) > 1 else node.kwargs.get("min")
         high = args[2] if len(args) > 2 else node.kwargs.get("max")
+    low, high = _clamp_bound(low, -math.inf), _clamp_bound(high, math.inf)
+    if low is False or high is False:
+        return None
     found = bounds(args[0])
     if found is None:
-        # integers clamped on both sides lie between the bounds whatever they were (a float NaN
-        # would stay NaN); torch gives ``max`` everywhere when ``min`` > ``max``
-        b_low, b_high = bounds(low), bounds(high)
-        if _is_float(node) or b_low is None or b_high is None:
+        if _is_float(node) or low is None or high is None:
             return None
-        return (min(b_low[0], b_high[1]), b_high[1])
+        return (min(low[0], high[1]), high[1])
     lo, hi = found
     if low is not None:
-        b = bounds(low)
-        if b is None:
-            return None if high is None else (lo, hi)  # an unknown lower bound: only the upper one holds
-        lo, hi = max(lo, b[0]), max(hi, b[0])
+        lo, hi = max(lo, low[0]), max(hi, low[1])
     if high is not None:
-        b = bounds(high)
-        if b is not None:
-            lo, hi = min(lo, b[1]), min(hi, b[1])
+        lo, hi = min(lo, high[0]), min(hi, high[1])
     return (lo, hi)
+
+
+def _clamp_bound(arg, no_clamp: float):
+    """A clamp's bound as a range; None: no clamp on that side (absent, or the infinity that
+    clamps nothing); False: nothing can be proved (NaN, the other infinity, unproved)."""
+    if arg is None or (isinstance(arg, float) and arg == no_clamp):
+        return None
+    if isinstance(arg, float) and not math.isfinite(arg):
+        return False
+    found = bounds(arg)
+    return False if found is None else found
 
 
 def _cast(node: fx.Node, found) -> tuple[float, float] | None:
@@ -264,7 +286,8 @@ def _positions(producer, k) -> tuple[float, float] | None:
     if k != 1 or not isinstance(producer, fx.Node) or producer.target not in _POSITIONS:
         return None
     where, default = _POSITIONS[producer.target]
-    dim = producer.kwargs.get("dim", producer.args[where] if where is not None and len(producer.args) > where else default)
+    given = where is not None and len(producer.args) > where
+    dim = producer.kwargs.get("dim", producer.args[where] if given else default)
     return _positions_along(producer.args[0], dim)
 
 

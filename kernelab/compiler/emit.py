@@ -14,9 +14,9 @@ import torch.fx as fx
 from . import fusion
 from .ops_table import COMPARE, NARROW_FLOATS, NO_PROMOTION, POINTWISE, compute_type, literal, tl_type
 
-__all__ = ["Load", "loads_of", "piece_of", "gather_of", "arange_of", "Emitter", "local_name", "name_locally", "var_name",
-           "doc_lines", "node_expression", "emit_coordinates", "strided_signature", "full_load", "emit_node",
-           "correction"]
+__all__ = ["Load", "loads_of", "piece_of", "gather_of", "arange_of", "Emitter", "local_name", "name_locally",
+           "var_name", "doc_lines", "node_expression", "emit_coordinates", "strided_signature", "full_load",
+           "emit_node", "correction"]
 
 
 @dataclass(frozen=True)

@@ -379,7 +379,7 @@ def _gather_refusal(node) -> str:
     if not static_shape(value(node)):
         return "a gather of symbolic sizes is not generated"
     sizes = value(source).shape
-    if tuple(value(node).shape) != _gathered_shape(sizes, [indices[d] for d in dims_], dims_):
+    if tuple(value(node).shape) != gathered_shape(sizes, [value(indices[d]).shape for d in dims_], dims_):
         return "a gather whose result is not the source with its indexed dims replaced is not generated"
     for d in dims_:
         if not bounds.within(indices[d], sizes[d]):
@@ -388,11 +388,13 @@ def _gather_refusal(node) -> str:
     return ""
 
 
-def _gathered_shape(sizes, index_nodes, dims_) -> tuple | None:
-    """The source's sizes with the indexed dims replaced by the indices' broadcast shape (a 0-d
-    index of ``index_select`` keeps its dim: not this shape, so not generated)."""
+def gathered_shape(sizes, index_shapes, dims_) -> tuple | None:
+    """A gather's result shape (the scatter of its backward writes values of that shape): the
+    source's sizes with the consecutive indexed ``dims_`` replaced by the indices' broadcast shape;
+    None where the indices do not broadcast. (A 0-d index of ``index_select`` keeps its dim: not
+    this shape, so not generated.)"""
     try:
-        middle = torch.broadcast_shapes(*(value(i).shape for i in index_nodes))
+        middle = torch.broadcast_shapes(*index_shapes)
     except RuntimeError:
         return None
     return tuple(sizes[:dims_[0]]) + tuple(middle) + tuple(sizes[dims_[-1] + 1:])

@@ -30,7 +30,8 @@ from . import fusion, ops_table
 
 __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
-           "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds", "inputs_in_row_space", "trailing_reductions_as_rows",
+           "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds",
+           "inputs_in_row_space", "trailing_reductions_as_rows",
            "conv_biases_as_adds", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norms_in_place", "rewrite"]
 
@@ -44,8 +45,8 @@ def rewrite(gm: fx.GraphModule) -> int:
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + full_reductions_as_rows(gm)
             + trailing_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
             + casts_through_views(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
-            + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm) + slices_through_products(gm)
-            + negated_cat_pieces(gm) + cats_of_products(gm))
+            + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
+            + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm))
 
 
 #: the largest arange made a constant of the graph (elements): position ids, column indices

@@ -28,11 +28,12 @@ and saved them for the backward), so it has no out-of-range convention: anything
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
 from ..launch import Launcher
-from .fusion import accumulating_index_put as accumulates
+from .fusion import accumulating_index_put as accumulates, gathered_shape
 from .group_runner import interpreted, pow2
 
 __all__ = ["KERNEL_NAME", "PLACES_KERNEL_NAME", "ScatterAddRows", "accumulates", "fast_path", "fits", "places_fit"]
@@ -76,12 +77,7 @@ def places_fit(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
     idx = [indices[d] for d in dims]
     if any(i.dtype not in (torch.int64, torch.int32) for i in idx) or base.numel() == 0 or not base.is_contiguous():
         return False
-    try:
-        middle = torch.broadcast_shapes(*(i.shape for i in idx))
-    except RuntimeError:
-        return False
-    first, last = dims[0], dims[-1] + 1
-    return tuple(values.shape) == tuple(base.shape[:first]) + tuple(middle) + tuple(base.shape[last:])
+    return tuple(values.shape) == gathered_shape(base.shape, [i.shape for i in idx], dims)
 
 
 def fast_path(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
@@ -139,22 +135,18 @@ class ScatterAddRows:
 
 def _scatter_add_places(base, indices, values):
     """base[..., i, j, ...] += values, one atomic add per value (``places_fit``; indices proved)."""
+    if values.numel() == 0:
+        return base
     dims = [d for d, i in enumerate(indices) if i is not None]
     first, last = dims[0], dims[-1] + 1
     idx = [i.to(torch.int64).contiguous() for i in torch.broadcast_tensors(*(indices[d] for d in dims))]
     places = idx[0].numel()  # positions of the indices' broadcast shape
-    inner = 1
-    for s in base.shape[last:]:
-        inner *= s
-    outer_stride = inner
-    for s in base.shape[first:last]:
-        outer_stride *= s  # one step of the dims before the indexed ones, in base
+    inner = math.prod(base.shape[last:])  # elements of the dims after the indexed ones
+    outer_stride = math.prod(base.shape[first:])  # one step of the dims before them (base is contiguous)
     strides = [base.stride(d) for d in dims] + [0] * (MAX_INDEXED - len(dims))
     pointers = idx + [idx[0]] * (MAX_INDEXED - len(dims))  # unused slots: never read (K)
     src = values.contiguous()
     numel = src.numel()
-    if numel == 0:
-        return base
     grid = ((numel + PLACES_BLOCK - 1) // PLACES_BLOCK,)
     _places_launcher()(grid, base, src, *pointers, numel, places, inner, outer_stride, *strides,
                        K=len(dims), BLOCK=PLACES_BLOCK, num_warps=4)
