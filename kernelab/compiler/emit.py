@@ -258,11 +258,15 @@ def node_expression(em: Emitter, node) -> str:
 
 
 def _convert(expr: str, src: torch.dtype, dst: torch.dtype) -> str:
-    """An explicit cast: round to a narrower float where it is written (x.half().float() rounds)."""
+    """An explicit cast: round to a narrower float where it is written (x.half().float() rounds).
+    A float16/bfloat16 value computed in float32 is rounded to its own type before it becomes an
+    integer or a boolean, as eager's stored value is: bfloat16's clamp(x, -6e4, 6e4) holds 59904
+    (60000 rounded), so its int32 is 59904, not 60000; a float16 of 1e-8 is 0, so False."""
     have, want = compute_type(src), compute_type(dst)
-    if dst in (torch.float16, torch.bfloat16) and src != dst:
-        narrow = "tl.float16" if dst == torch.float16 else "tl.bfloat16"
-        return f"{expr}.to({narrow}).to(tl.float32)"
+    if dst in NARROW_FLOATS and src != dst:
+        return f"{expr}.to({tl_type(dst)}).to(tl.float32)"
+    if src in NARROW_FLOATS and not dst.is_floating_point:
+        expr = f"{expr}.to({tl_type(src)}).to(tl.float32)"
     if want == "tl.int1" and have != "tl.int1":
         return f"({expr} != 0)"
     return expr if have == want else f"{expr}.to({want})"

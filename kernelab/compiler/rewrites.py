@@ -33,7 +33,8 @@ __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "c
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds",
            "inputs_in_row_space", "trailing_reductions_as_rows",
            "conv_biases_as_adds", "negated_cat_pieces", "slices_through_products", "cats_of_products",
-           "batch_norms_in_place", "rewrite"]
+           "batch_norms_in_place", "cuda_clamps_without_nan_bounds", "gathers_before_casts",
+           "truth_reductions_as_extremes", "rewrite"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -41,12 +42,43 @@ prims = torch.ops.prims
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return (batch_norms_in_place(gm) + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm)
-            + small_sums_as_adds(gm) + extremes_without_indices(gm) + full_reductions_as_rows(gm)
+    return (cuda_clamps_without_nan_bounds(gm) + batch_norms_in_place(gm) + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm)
+            + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
+            + full_reductions_as_rows(gm)
             + trailing_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
-            + casts_through_views(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
+            + casts_through_views(gm) + gathers_before_casts(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
             + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
             + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm))
+
+
+_CLAMPS = {aten.clamp.default: ("min", "max"), aten.clamp_min.default: ("min",), aten.clamp_max.default: ("max",)}
+
+
+def cuda_clamps_without_nan_bounds(gm: fx.GraphModule) -> int:
+    """A clamp's NaN *number* bound on a CUDA tensor becomes the infinity that bounds nothing
+    (min -inf, max +inf), as CUDA eager ignores it: its kernel returns a NaN ``x`` as is and
+    otherwise ``::max(x, lower)``, the device max, which returns the number of a pair with a NaN
+    (``x.clamp(min=nan)`` is ``x`` on CUDA, all NaN on the CPU, where the generated code keeps
+    the NaN, as it matches eager there). A tensor bound's NaN propagates on both devices
+    (``maximum``) and is left alone."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _CLAMPS:
+            continue
+        val = fusion.value(node)
+        if not (isinstance(val, torch.Tensor) and val.device.type == "cuda"):
+            continue
+        names = [a.name for a in node.target._schema.arguments]
+        args, kwargs = list(node.args), dict(node.kwargs)
+        for name in _CLAMPS[node.target]:
+            i = names.index(name)
+            held = kwargs if name in kwargs else args if i < len(args) else None
+            key = name if held is kwargs else i
+            if held is not None and isinstance(held[key], float) and held[key] != held[key]:
+                held[key] = float("-inf") if name == "min" else float("inf")  # bounds nothing
+                count += 1
+        node.args, node.kwargs = tuple(args), kwargs
+    return count
 
 
 #: the largest arange made a constant of the graph (elements): position ids, column indices
@@ -414,6 +446,38 @@ def extremes_without_indices(gm: fx.GraphModule) -> int:
 
 _getitem = operator.getitem
 
+#: ``any``/``all`` over dims -> the extreme of the truth values that gives the same answer
+_TRUTHS = {aten.any.dim: aten.amax.default, aten.any.dims: aten.amax.default,
+           aten.all.dim: aten.amin.default, aten.all.dims: aten.amin.default}
+
+
+def truth_reductions_as_extremes(gm: fx.GraphModule) -> int:
+    """``any(x, dims)`` -> ``amax(float(x != 0), dims) != 0`` and ``all`` -> ``amin``: ATen's
+    boolean reduction was a kernel of its own (PyTorch's ``_safe_softmax``, SDPA's masked rows:
+    ``all(x == -inf, -1)``, then a (rows,) round trip and a ``where`` kernel; T5 inference on the
+    H200: 12 reductions and 12 ``where`` kernels a step), where the extreme is a row reduction
+    that joins the softmax's kernel. The truth is taken before the float (NaN is true, as in
+    ``any``). Only over dims of static, non-zero sizes: over an empty dim ``any`` is False and
+    ``all`` True, where ``amax``/``amin`` raise."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        extreme = _TRUTHS.get(getattr(node, "target", None)) if node.op == "call_function" else None
+        if extreme is None:
+            continue
+        src, val = fusion.value(node.args[0]), fusion.value(node)
+        dims = _dims(node)
+        if not (isinstance(src, torch.Tensor) and hasattr(src, "fake_mode") and dims and val.dtype == torch.bool
+                and all(isinstance(src.shape[d], int) and src.shape[d] > 0 for d in dims)):
+            continue
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        b = _Builder(gm, node, val)
+        truth = node.args[0] if src.dtype == torch.bool else b.op(aten.ne.Scalar, node.args[0], 0)
+        ones = b.op(prims.convert_element_type.default, truth, torch.float32)
+        new = b.op(aten.ne.Scalar, b.op(extreme, ones, dims, keepdim), 0)
+        node.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
 
 def unsqueezes_toward_inputs(gm: fx.GraphModule) -> int:
     """``unsqueeze(f(a, b), d)`` -> ``f(unsqueeze(a, d), unsqueeze(b, d))`` for a pointwise ``f``
@@ -611,6 +675,28 @@ def casts_through_views(gm: fx.GraphModule) -> int:
             cast = b.op(node.target, src.args[0], *node.args[1:], **node.kwargs)
             node.replace_all_uses_with(b.op(src.target, cast, *src.args[1:]))
             count += 1
+    return _cleanup(gm, count)
+
+
+def gathers_before_casts(gm: fx.GraphModule) -> int:
+    """``gather(cast(x), idx)`` -> ``cast(gather(x, idx))``: the same values (a cast is
+    elementwise), but a gather reads its source from memory, so the cast before it was a kernel of
+    its own writing the whole source in the new type: bfloat16 bilinear upsampling (its
+    decomposition computes in float32) wrote the input again in float32, twice its bytes, before
+    the interpolation kernel read it back; moved, the cast joins the interpolation kernel."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        src = node.args[0] if fusion.is_gather(node) else None
+        if not (isinstance(src, fx.Node) and src.op == "call_function" and fusion.target_name(src) in _CASTS
+                and _plain_cast(src)):
+            continue
+        b = _Builder(gm, node, fusion.value(node))
+        try:
+            gathered = b.op(node.target, src.args[0], *node.args[1:], **node.kwargs)
+        except RuntimeError:
+            continue
+        node.replace_all_uses_with(b.op(src.target, gathered, *src.args[1:], **src.kwargs))
+        count += 1
     return _cleanup(gm, count)
 
 

@@ -152,6 +152,23 @@ def test_inference_interpolation_is_one_kernel_with_its_indices():
     assert "index" in group.name and not [e for gp in plan.graphs for e in gp.eager if "index" in e[1]]
 
 
+def test_a_half_precision_interpolation_gathers_its_input_without_a_float32_copy():
+    """Bilinear's decomposition computes a float16 input in float32: the cast before the gathers
+    was a kernel of its own writing the input again in float32 (bfloat16 on the H200: 4 kernels,
+    0.25x Inductor); the gathers now read the float16 input and the cast joins their kernel."""
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float16)
+
+    def fn(x):
+        return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+
+    with torch.no_grad():
+        plan = klc.explain(fn, x)
+        got = torch.compile(fn, backend="kernelab")(x)
+    names = [g.name for gp in plan.graphs for g in gp.groups]
+    assert len(names) == 2 and "kl_fused_cast" not in names, names
+    torch.testing.assert_close(got, fn(x), rtol=2e-3, atol=2e-3)
+
+
 def test_a_gather_recomputed_in_the_backward_keeps_the_forwards_proof():
     """The partitioner recomputes an interpolation in the backward from the indices the forward
     saved: those arrive as the backward graph's inputs, proved in range by the forward

@@ -877,3 +877,42 @@ def test_dynamo_restarts_pass_through_the_backend(monkeypatch):
     with pytest.raises(RestartAnalysis):
         backend.kernelab_backend(gm, [torch.randn(2)])
     assert klc.events().fallbacks == []
+
+
+def test_any_and_all_join_the_row_kernel_of_a_safe_softmax():
+    """``_safe_softmax`` (SDPA's masked rows, T5's attention on the H200) ends in ``all(x == -inf,
+    -1)``: ATen's boolean reduction and a ``where`` were two kernels of their own per call; as an
+    extreme of the truth values it joins the softmax's row kernel. Fully masked rows give 0."""
+    x = _r(4, 8, 16)
+    x[0, 1] = float("-inf")
+    x[1, 2, :3] = float("-inf")
+
+    def safe(x):
+        return torch.ops.aten._safe_softmax(x, -1)
+
+    plan = klc.explain(safe, x)
+    assert len([g for gp in plan.graphs for g in gp.groups]) == 1
+    assert not [e for gp in plan.graphs for e in gp.eager if "any" in e[1] or "all" in e[1]]
+    got = torch.compile(safe, backend="kernelab")(x)
+    assert_close(got, safe(x))
+    assert got[0, 1].eq(0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+def test_any_and_all_match_eager(dtype):
+    """NaN is true; keepdim, several dims, a dim of size one; over an empty dim ``any`` is False and
+    ``all`` True (ATen runs those: amax/amin of nothing raise)."""
+    x = (_r(3, 4, 5) * 2).round().to(dtype)
+    if dtype == torch.float32:
+        x[0, 0, 0] = float("nan")
+
+    def fn(x):
+        return (x.any(-1), x.all(1), x.any(dim=(0, 2)), x.all(-1, keepdim=True), x[:, :1].all(1),
+                (x > 0).any(0))
+
+    for got, want in zip(torch.compile(fn, backend="kernelab")(x), fn(x)):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    empty = torch.zeros(3, 0, dtype=dtype)
+    torch._dynamo.reset()
+    got = torch.compile(lambda e: (e.any(-1), e.all(-1)), backend="kernelab")(empty)
+    assert got[0].tolist() == [False] * 3 and got[1].tolist() == [True] * 3

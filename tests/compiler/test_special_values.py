@@ -52,6 +52,13 @@ def test_the_fixed_cases_by_value():
     assert f(torch.tensor([1.0])).item() == float("-inf")
     f = torch.compile(lambda x, y: x + y, backend="kernelab")
     assert f(torch.tensor([2049]), torch.tensor([0.0], dtype=torch.float16)).item() == 2048.0
+    # a float16 value becomes an integer or a boolean as its float16 rounding (1024.75 -> 1025;
+    # 1e-8 -> 0), not as the float32 it was computed in
+    a, b = torch.tensor([1024.0], dtype=torch.float16), torch.tensor([0.75], dtype=torch.float16)
+    f = torch.compile(lambda a, b: (a + b).to(torch.int32), backend="kernelab")
+    assert f(a, b).item() == 1025 == (a + b).to(torch.int32).item()
+    f = torch.compile(lambda a: (a * a).bool(), backend="kernelab")
+    assert not f(torch.tensor([1e-4], dtype=torch.float16)).item()
 
 
 def test_frozen_half_batch_norm_backward():
@@ -64,3 +71,29 @@ def test_frozen_half_batch_norm_backward():
     want = torch.autograd.grad(frozen(x).float().pow(2).sum(), x)[0]
     got = torch.autograd.grad(torch.compile(frozen, backend="kernelab")(x).float().pow(2).sum(), x)[0]
     torch.testing.assert_close(got, want)
+
+
+def test_a_nan_number_bound_of_clamp_follows_each_devices_eager():
+    """CUDA eager ignores a clamp's NaN number bound (its device max returns the number of a
+    pair); the CPU's returns NaN. The rewrite turns it into the infinity that bounds nothing, on
+    CUDA graphs only (traced here on fake CUDA tensors: no GPU needed); the CPU's graph keeps it."""
+    import math
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kernelab.compiler import rewrites
+
+    def bounds(device):
+        def fn(x):
+            return x.clamp(min=float("nan")) + x.clamp(max=float("nan")) + x.clamp(float("nan"), 1.0)
+        with FakeTensorMode():
+            gm = make_fx(fn)(torch.empty(4, device=device))
+        rewrites.cuda_clamps_without_nan_bounds(gm)
+        return [b for n in gm.graph.nodes if "clamp" in str(n.target)
+                for b in list(n.args[1:]) + list(n.kwargs.values()) if b is not None]
+
+    assert bounds("cuda") == [-math.inf, math.inf, -math.inf, 1.0]
+    assert [math.isnan(b) for b in bounds("cpu")] == [True, True, True, False]
+    f = torch.compile(lambda x: x.clamp(min=float("nan")), backend="kernelab")
+    assert f(torch.tensor([0.0, 1.0])).isnan().all()  # as the CPU's eager

@@ -24,13 +24,20 @@ def test_interpolation_forward_and_backward_match_eager(mode, dtype):
         return F.interpolate(x, scale_factor=2, mode=mode, **kwargs)
 
     a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
-    want, got = fn(a), torch.compile(fn, backend="kernelab")(b)
+    exact = x.double().requires_grad_()
+    want, got, best = fn(a), torch.compile(fn, backend="kernelab")(b), fn(exact)
     dy = torch.randn_like(want)
-    want.backward(dy)
-    got.backward(dy)
+    for y, grad in ((want, dy), (got, dy), (best, dy.double())):
+        y.backward(grad)
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
-    torch.testing.assert_close(b.grad.float(), a.grad.float(), rtol=tol, atol=tol * 10)
+    # the gradient against float64's, and no further from it than eager's: eager's half-precision
+    # backward accumulates its atomic adds in the tensor's own type (bicubic bf16: 6 ulps off),
+    # the generated scatter in float32
+    err_got = (b.grad.double() - exact.grad).abs().max().item()
+    err_eager = (a.grad.double() - exact.grad).abs().max().item()
+    scale = exact.grad.abs().max().item()
+    assert err_got <= max(err_eager, tol * scale), (err_got, err_eager, scale)
     torch._dynamo.reset()
     plan = klc.explain(fn, x)
     assert any("index" in g.name for gp in plan.graphs for g in gp.groups)

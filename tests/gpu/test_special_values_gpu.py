@@ -24,10 +24,21 @@ def _compiled_differs(fn, *inputs) -> str:
     return differs(got, want)
 
 
+#: (case, dtype) where CUDA eager itself is off by more than the comparison allows, so the
+#: compiled values are held to the CPU's eager instead: in float64 CUDA's hardswish and hardsigmoid
+#: multiply by float32's 1/6 (``1.0f / 6.0f``: 3e-8 relative off, measured on the H200, torch 2.11).
+CUDA_EAGER_LOSES_PRECISION = {("hardswish", torch.float64), ("hardsigmoid", torch.float64)}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("name", list(FLOAT_CASES))
 def test_float_edge_values_on_cuda(name, dtype):
-    assert _compiled_differs(FLOAT_CASES[name], edge_values(dtype, device="cuda")) == ""
+    fn, x = FLOAT_CASES[name], edge_values(dtype, device="cuda")
+    if (name, dtype) in CUDA_EAGER_LOSES_PRECISION:
+        assert differs(fn(x.clone()).cpu(), fn(x.cpu())) != "", "CUDA eager became exact: drop the exception"
+        assert differs(torch.compile(fn, backend="kernelab")(x.clone()).cpu(), fn(x.cpu())) == ""
+        return
+    assert _compiled_differs(fn, x) == ""
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8], ids=str)
