@@ -14,6 +14,13 @@ pytestmark = pytest.mark.skipif(interpreted() or not torch.cuda.is_available(),
                                 reason="the generated gathers on a CUDA GPU")
 
 
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    """A compiler failure raises here instead of falling back to ATen unseen."""
+    monkeypatch.setenv("KERNELAB_STRICT", "1")
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_interpolation_forward_and_backward_match_eager(mode, dtype):
