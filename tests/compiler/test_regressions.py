@@ -937,3 +937,13 @@ def test_a_value_rebuilt_in_every_layer_is_computed_once():
     ops = [op for gp in plan.graphs for g in gp.groups for op in g.ops]
     assert sum(op.endswith("= where") for op in ops) == 1 and sum(op.endswith("= ge") for op in ops) <= 1, ops
     assert_close(got, layers(y, bias))
+
+
+def test_random_values_are_never_merged_as_common_subexpressions():
+    """Two draws of the same random op are different values: deduplication leaves them apart."""
+    def draws(x):
+        return torch.rand_like(x) - torch.rand_like(x), F.dropout(x, 0.5, True) - F.dropout(x, 0.5, True)
+
+    with torch.no_grad():
+        a, b = torch.compile(draws, backend="kernelab")(torch.ones(1000))
+    assert a.abs().max() > 0.5 and b.abs().max() == 2.0
