@@ -21,6 +21,7 @@ values, or a gather from them, is left alone.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 
 import torch
@@ -34,7 +35,7 @@ __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "c
            "inputs_in_row_space", "trailing_reductions_as_rows",
            "conv_biases_as_adds", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norms_in_place", "cuda_clamps_without_nan_bounds", "gathers_before_casts",
-           "truth_reductions_as_extremes", "common_subexpressions", "rewrite"]
+           "truth_reductions_as_extremes", "common_subexpressions", "prologues_in_row_space", "rewrite"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -45,7 +46,7 @@ def rewrite(gm: fx.GraphModule) -> int:
     return (common_subexpressions(gm) + cuda_clamps_without_nan_bounds(gm) + batch_norms_in_place(gm) + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm)
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
             + full_reductions_as_rows(gm)
-            + trailing_reductions_as_rows(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
+            + trailing_reductions_as_rows(gm) + prologues_in_row_space(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
             + casts_through_views(gm) + gathers_before_casts(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
             + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
             + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm))
@@ -391,6 +392,92 @@ def trailing_reductions_as_rows(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(new)
         count += 1
     return _cleanup(gm, count)
+
+
+def prologues_in_row_space(gm: fx.GraphModule) -> int:
+    """``view(f(a, b), rows)`` -> ``f(view(a), view(b))`` where the view only merges trailing dims
+    (the flat view ``trailing_reductions_as_rows`` and ``full_reductions_as_rows`` put before a
+    reduction: ``(x * 3).mean()`` of a 2-D ``x`` is one kernel, was two) and ``f`` is a
+    pointwise op, repeated up the chain to values computed elsewhere or inputs, which are viewed
+    (a view moves no data). The chain then runs in the row space and joins the row kernel as its
+    prologue: ``where(out > 0, g, 0).sum((2, 3))`` (a ReLU's backward summed over H, W: a
+    squeeze-and-excitation block's, a batch norm's) was a kernel writing the whole ``where`` and
+    a row kernel reading it back. A chain that other ops read too is recomputed in the row space,
+    not moved; where an operand's merged dims are neither all full nor all broadcast (or a view
+    cannot be made on its layout) nothing changes."""
+    count, memo = 0, {}  # (node, k) -> its row-space node, shared: a chain two reductions read is made once
+    for view in list(gm.graph.nodes):
+        if not (view.op == "call_function" and view.target is aten.view.default and _pointwise_source(view.args[0])
+                and all(u.op == "call_function" and u.target in _TRAILING for u in view.users)):
+            continue
+        merged = _merged_trailing(fusion.dims(view.args[0]), list(view.args[1]))
+        if merged is None:
+            continue
+        try:
+            moved = _in_rows(gm, view.args[0], merged, view, memo)
+        except (RuntimeError, ValueError):  # a view this layout does not take, an odd broadcast
+            continue
+        view.replace_all_uses_with(moved)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _pointwise_source(node) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and fusion.target_name(node) in ops_table.POINTWISE \
+        and fusion.classify(node)[0] == "pointwise" and fusion.static_shape(fusion.value(node))
+
+
+def _merged_trailing(shape, flat) -> int | None:
+    """k where ``flat`` is ``shape`` with dims k.. merged into one (k < rank - 1), else None."""
+    shape, flat = list(shape), list(flat)
+    k = len(flat) - 1
+    if k < 0 or k >= len(shape) - 1 or shape[:k] != flat[:k] or math.prod(shape[k:]) != flat[k]:
+        return None
+    return k
+
+
+def _row_shape_of(shape, rank: int, k: int) -> list:
+    """An operand's shape (broadcast against ``rank`` dims) with dims k.. merged: each merged dim
+    full (their product) or all broadcast (1); anything else raises ValueError."""
+    padded = list(fusion.padded(tuple(shape), rank))
+    tail = padded[k:]
+    return padded[:k] + [1 if all(s == 1 for s in tail) else math.prod(tail)]
+
+
+def _in_rows(gm, node, k: int, anchor, memo: dict):
+    """``node``'s value with its dims k.. merged: pointwise ops recomputed on their operands' row
+    views, anything else viewed."""
+    if (node, k) in memo:
+        return memo[node, k]
+    val = fusion.value(node)
+    rank = val.dim()
+    b = _Builder(gm, anchor, val)
+    if not _pointwise_source(node):
+        shape = _row_shape_of(val.shape, rank, k)
+        full = fusion.padded(tuple(val.shape), rank)[k:]
+        if any(s != 1 for s in full) and any(s != t for s, t in zip(full, fusion.value(anchor.args[0]).shape[k:])):
+            raise ValueError("partly broadcast merged dims")
+        memo[node, k] = out = b.op(aten.view.default, node, shape) if list(val.shape) != shape else node
+        return out
+    full_tail = list(val.shape[k:])
+
+    def operand(a):
+        if not isinstance(a, fx.Node):
+            return a
+        v = fusion.value(a)
+        if not isinstance(v, torch.Tensor) or v.dim() == 0:
+            return a
+        tail = list(fusion.padded(tuple(v.shape), rank)[k:])
+        if tail != full_tail and any(s != 1 for s in tail):
+            raise ValueError("partly broadcast merged dims")
+        if v.dim() == rank:
+            return _in_rows(gm, a, k, anchor, memo)
+        return b.op(aten.view.default, a, _row_shape_of(v.shape, rank, k))  # fewer dims: broadcast
+
+    args = [operand(a) for a in node.args]
+    kwargs = {key: operand(a) for key, a in node.kwargs.items()}
+    memo[node, k] = out = b.op(node.target, *args, **kwargs)
+    return out
 
 
 def _trailing_rows(node) -> list | None:

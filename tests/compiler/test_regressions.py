@@ -947,3 +947,31 @@ def test_random_values_are_never_merged_as_common_subexpressions():
     with torch.no_grad():
         a, b = torch.compile(draws, backend="kernelab")(torch.ones(1000))
     assert a.abs().max() > 0.5 and b.abs().max() == 2.0
+
+
+def test_a_pointwise_chain_summed_over_trailing_dims_is_the_row_kernels_prologue():
+    """``where(out > 0, g, 0).sum((2, 3))`` and ``(dy * (x - mean)).sum((2, 3))`` (a ReLU's and a
+    batch norm's backward, summed over H, W) were a kernel writing the chain and row kernels
+    reading it back; the chain now runs in the row space as the row kernel's prologue (both sums
+    in one kernel: they share it). An operand broadcast along only some of the merged dims keeps
+    the old plan."""
+    def sums(g, out, x, m):
+        dy = torch.where(out > 0, g, 0)
+        return dy.sum([2, 3]).sum(0), (dy * (x - m.view(1, -1, 1, 1))).sum([2, 3]).sum(0)
+
+    def partly(x, y):
+        return (x * y).sum((2, 3))
+
+    args = [_r(4, 8, 5, 5, seed=s) for s in range(3)] + [_r(8, seed=3)]
+    with torch.no_grad():
+        plan = klc.explain(sums, *args)
+        groups = [g for gp in plan.graphs for g in gp.groups]
+        rows = [g for g in groups if g.kind == "reduction"]
+        assert len(rows) == 1 and any(op.endswith("= where") for op in rows[0].ops), [g.name for g in groups]
+        for got, want in zip(torch.compile(sums, backend="kernelab")(*args), sums(*args)):
+            assert_close(got, want)
+        x, y = _r(4, 8, 5, 6), _r(1, 1, 5, 1, seed=1)
+        assert_close(torch.compile(partly, backend="kernelab")(x, y), partly(x, y))
+    x = _r(4, 8, 5, 6, grad=True)
+    half = torch.compile(lambda x: (x.half().float() * 2).sum((2, 3)), backend="kernelab")
+    assert_close(half(x), (x.half().float() * 2).sum((2, 3)))
