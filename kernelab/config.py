@@ -16,6 +16,7 @@ before the call that reads it. Triton's own ``TRITON_INTERPRET`` is Triton's: se
 | KERNELAB_PAD | 1 | 0: no padded rows around the compiler's matrix products |
 | KERNELAB_TEAMS | 1 | 0: long rows of the norms take the two-pass kernels instead of teams |
 | KERNELAB_GEMM_TUNE | 0 | 1: ``kernelab.ops`` matmuls tune each new shape on its first call |
+| KERNELAB_BN_BACKWARD | aten | compiler: ``generated`` decomposes training batch norm's backward into row, column and pointwise kernels (experimental: not yet timed against ATen's) |
 | KERNELAB_CACHE | ~/.cache/kernelab | where measured and generated files are kept |
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 from pathlib import Path
 
 __all__ = ["debug_level", "strict", "cudagraphs", "direct_launch", "static_launch", "direct_call",
-           "persistent_max", "pad", "teams", "gemm_tune", "cache_root"]
+           "persistent_max", "pad", "teams", "gemm_tune", "batch_norm_backward", "cache_root"]
 
 
 def _flag(name: str, default: str) -> str:
@@ -52,6 +53,14 @@ def cudagraphs() -> bool:
 def direct_launch() -> bool:
     """Direct launches (a bound launcher per cached call); KERNELAB_DIRECT_LAUNCH=0 turns them off."""
     return _flag("KERNELAB_DIRECT_LAUNCH", "1") != "0"
+
+
+def batch_norm_backward() -> str:
+    """KERNELAB_BN_BACKWARD: "aten" (default: the backward op kept whole) or "generated"."""
+    value = _flag("KERNELAB_BN_BACKWARD", "aten")
+    if value not in ("aten", "generated"):
+        raise ValueError(f"KERNELAB_BN_BACKWARD must be 'aten' or 'generated', not {value!r}")
+    return value
 
 
 def static_launch() -> bool:

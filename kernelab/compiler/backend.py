@@ -26,8 +26,13 @@ from .eventlog import ACTIVE_PLAN, record_fallback
 __all__ = ["kernelab_backend", "decompositions", "KernelabFallbackWarning", "reset"]
 
 
-@functools.lru_cache(maxsize=1)
 def decompositions() -> dict:
+    """The decomposition table (``_decompositions``) for the current settings."""
+    return _decompositions(config.batch_norm_backward())
+
+
+@functools.lru_cache(maxsize=2)
+def _decompositions(batch_norm_backward: str) -> dict:
     """Core ATen decompositions, plus the composite ops whose primitives we fuse (softmax, layer
     norm, GELU, their backwards). mean/var/relu stay whole: the compiler handles them directly."""
     from torch._decomp import core_aten_decompositions, get_decompositions
@@ -51,7 +56,8 @@ def decompositions() -> dict:
     # decomposition returns a logsumexp that its (undecomposed) backward op reads differently, so
     # decomposing only the forward gave gradients off by 25-33x relative norm (issue 11)
     for op in _KEEP_WHOLE:
-        table.pop(getattr(aten, op).default, None)
+        if op != "native_batch_norm_backward" or batch_norm_backward == "aten":
+            table.pop(getattr(aten, op).default, None)
     no_training = aten._native_batch_norm_legit_no_training.default
     table[no_training] = _stats_in_their_dtype(table[no_training])
     return table
@@ -76,6 +82,10 @@ def _stats_in_their_dtype(decomposition):
 #: where its own backward is one or two (torchvision ResNet-50 training: 1359 kernels a step
 #: against eager's 782, H200, benchmarks/results/models_h200_run3.csv).
 _KEEP_WHOLE = ("_scaled_dot_product_flash_attention_for_cpu", "native_batch_norm_backward")
+# (KERNELAB_BN_BACKWARD=generated decomposes the batch norm's backward after all: with the rewrites
+# ``middle_dims_kept_as_rows_then_columns`` and ``prologues_in_row_space`` its sums over (N, H, W)
+# are a row kernel with the ReLU's backward as prologue and column kernels, ~4 kernels a norm
+# with the ReLU's backward instead of 2: to be timed against ATen's before it is the default)
 
 
 def _debug() -> int:

@@ -35,7 +35,8 @@ __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "c
            "inputs_in_row_space", "trailing_reductions_as_rows",
            "conv_biases_as_adds", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norms_in_place", "cuda_clamps_without_nan_bounds", "gathers_before_casts",
-           "truth_reductions_as_extremes", "common_subexpressions", "prologues_in_row_space", "rewrite"]
+           "truth_reductions_as_extremes", "common_subexpressions", "prologues_in_row_space",
+           "middle_dims_kept_as_rows_then_columns", "rewrite"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -46,7 +47,7 @@ def rewrite(gm: fx.GraphModule) -> int:
     return (common_subexpressions(gm) + cuda_clamps_without_nan_bounds(gm) + batch_norms_in_place(gm) + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm)
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
             + full_reductions_as_rows(gm)
-            + trailing_reductions_as_rows(gm) + prologues_in_row_space(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
+            + middle_dims_kept_as_rows_then_columns(gm) + trailing_reductions_as_rows(gm) + prologues_in_row_space(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
             + casts_through_views(gm) + gathers_before_casts(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
             + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
             + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm))
@@ -363,6 +364,57 @@ def _read_by_kernels(node) -> bool:
 
 #: reductions over the trailing dims restated over one flat last dim (``trailing_reductions_as_rows``)
 _TRAILING = (aten.sum.dim_IntList, aten.mean.dim)
+
+
+def middle_dims_kept_as_rows_then_columns(gm: fx.GraphModule) -> int:
+    """``sum``/``mean`` over leading and trailing dims that keeps the dims between (a batch norm's
+    per-channel sums of an NCHW tensor: over (0, 2, 3)) -> the same reduction over the trailing
+    dims (rows: N * C of H * W, contiguous) and then over the leading ones (a column reduction of
+    the (N, C) result). No template took the one reduction: ATen ran it, and the pointwise chain
+    feeding it (a ReLU's backward, ``dy * (x - mean)``) was a kernel writing the whole tensor for
+    it; split, the chain is the row kernel's prologue (``prologues_in_row_space``) and two sums of
+    the same chain share that kernel. Only for a chain computed here (for a plain tensor ATen's one
+    reduction is as good and one launch fewer), static shapes, contiguous trailing dims; the mean
+    of equal-sized rows' means is the mean."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _TRAILING or not _pointwise_source(node.args[0]):
+            continue
+        src, val = fusion.value(node.args[0]), fusion.value(node)
+        rank = src.dim()
+        reduced = sorted({d % rank for d in _dims(node)}) if rank else []
+        lead = [d for d in reduced if d < len(reduced) and reduced[:d + 1] == list(range(d + 1))]
+        trail = [d for d in reduced if d not in lead]
+        if not lead or not trail or trail != list(range(rank - len(trail), rank)) or len(reduced) == rank:
+            continue
+        if src.dtype not in (torch.float32, torch.float16, torch.bfloat16) or \
+                (len(trail) > 1 and _trailing_rows(_Probe(node, trail)) is None):
+            continue
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        dtype = node.kwargs.get("dtype")
+        # a half-precision sum's rows stay float32 until the end: one rounding, as ATen's one reduction
+        inner = dtype or (torch.float32 if src.dtype != torch.float32 else None)
+        b = _Builder(gm, node, val)
+        try:
+            rows = b.op(node.target, node.args[0], trail, False, **({"dtype": inner} if inner else {}))
+            new = b.op(node.target, rows, lead, False)
+            if new.meta["val"].dtype != val.dtype:
+                new = b.op(prims.convert_element_type.default, new, val.dtype)
+            if keepdim:
+                new = b.op(aten.view.default, new, list(val.shape))
+        except Exception:  # noqa: BLE001 - a value the reductions do not take: left as it was
+            continue
+        node.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
+
+class _Probe:
+    """A stand-in reduction node over ``dims`` of ``node``'s input, for ``_trailing_rows``."""
+
+    def __init__(self, node, dims):
+        self.args = (node.args[0], dims)
+        self.kwargs = {}
 
 
 def trailing_reductions_as_rows(gm: fx.GraphModule) -> int:

@@ -975,3 +975,52 @@ def test_a_pointwise_chain_summed_over_trailing_dims_is_the_row_kernels_prologue
     x = _r(4, 8, 5, 6, grad=True)
     half = torch.compile(lambda x: (x.half().float() * 2).sum((2, 3)), backend="kernelab")
     assert_close(half(x), (x.half().float() * 2).sum((2, 3)))
+
+
+@pytest.mark.parametrize("dims, keepdim, dtype", [
+    ([0, 2, 3], False, torch.float32), ([0, 2, 3], True, torch.float32), ([0, -1, -2], False, torch.float32),
+    ([0, 1, 3], False, torch.float32), ([0, 2, 3], False, torch.float16)])
+def test_sums_that_keep_a_middle_dim_are_rows_then_columns(dims, keepdim, dtype):
+    """A batch norm's per-channel sums over (N, H, W) of a computed chain: ATen's one reduction
+    with the chain written before it -> a row kernel over (H, W) with the chain as its prologue
+    and a column kernel over N. Half precision rows stay float32 until the end (one rounding, as
+    ATen's); means too."""
+    x = _r(4, 6, 5, 7).to(dtype)
+
+    def fn(x):
+        return (x.relu() * 2).sum(dims, keepdim=keepdim), (x + 1).mean(dims, keepdim=keepdim)
+
+    with torch.no_grad():
+        plan = klc.explain(fn, x)
+        got = torch.compile(fn, backend="kernelab")(x)
+    assert not [e for gp in plan.graphs for e in gp.eager if "sum" in e[1] or "mean" in e[1]]
+    for g, w in zip(got, fn(x)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert_close(g, w, dtype=dtype)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_generated_batch_norm_backward_matches_eager(monkeypatch, channels_last):
+    """KERNELAB_BN_BACKWARD=generated (experimental): the training norm's backward decomposed,
+    its per-channel sums a row kernel with the ReLU's backward as prologue plus column kernels;
+    gradients as eager's, for NCHW and channels-last activations; no batch norm backward op left."""
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8))
+    x = _r(3, 3, 11, 10)
+    if channels_last:
+        net, x = net.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    ref = __import__("copy").deepcopy(net)
+
+    def step(model, x):
+        model(x).square().mean().backward()
+
+    step(ref, x)
+    plan = klc.explain(lambda x: step(net, x), x)
+    assert not [e for gp in plan.graphs for e in gp.eager if "batch_norm_backward" in e[1]]
+    net.zero_grad()
+    torch.compile(lambda x: step(net, x), backend="kernelab")(x)
+    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+        assert_close(p.grad, q.grad, what=name)
