@@ -29,6 +29,11 @@ def _node(gm: fx.GraphModule, target):
     return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is target][-1]
 
 
+def _gathers(group) -> bool:
+    """Does the planned kernel hold a gather? (By op: a long kernel name ends in "_etc".)"""
+    return any(op.split(" = ")[-1] in ("index", "embedding", "index_select") for op in group.ops)
+
+
 def test_bounds_of_an_interpolation_index_chain():
     """trunc(clamp((arange(10) + 0.5) * 0.5 - 0.5, 0)) lies in [0, 4]: bilinear's source rows."""
     gm = _graph(lambda x: ((torch.arange(10, dtype=torch.float32) + 0.5) * 0.5 - 0.5).clamp(min=0).long() + x,
@@ -100,7 +105,7 @@ def test_gather_program_matches_eager_and_is_generated(name, dtype):
     assert rel_norm(b.grad.float(), a.grad.float()) <= tol
     torch._dynamo.reset()
     plan = klc.explain(fn, x)
-    generated = [g for gp in plan.graphs for g in gp.groups if "index" in g.name or "embedding" in g.name]
+    generated = [g for gp in plan.graphs for g in gp.groups if _gathers(g)]
     left = [e for gp in plan.graphs for e in gp.eager if e[1] in GATHERS]
     assert generated and not left, (generated, left)
 
@@ -188,7 +193,7 @@ def test_a_gather_recomputed_in_the_backward_keeps_the_forwards_proof():
     plan = klc.explain(lambda x: step(x).backward(), x.clone().requires_grad_())
     backward = [gp for gp in plan.graphs if gp.kind == "backward"]
     assert backward and all(not [e for e in gp.eager if e[1] == "aten.index.Tensor"] for gp in backward)
-    assert any("index" in g.name for gp in backward for g in gp.groups)
+    assert any(_gathers(g) for gp in backward for g in gp.groups)
 
 
 def test_an_index_made_by_a_constant_fill():
@@ -282,7 +287,7 @@ def test_a_gathered_value_broadcast_against_a_bigger_one(name):
     assert rel_norm(torch.compile(fn, backend="kernelab")(*args), fn(*args)) <= REL
     torch._dynamo.reset()
     plan = klc.explain(fn, *args)
-    assert [g for gp in plan.graphs for g in gp.groups if "index" in g.name or "embedding" in g.name]
+    assert [g for gp in plan.graphs for g in gp.groups if _gathers(g)]
 
 
 def test_bounds_refuse_what_they_cannot_prove():
