@@ -432,7 +432,7 @@ def private_column_prologues(gm: fx.GraphModule) -> None:
     it. The originals stay for their other users; copies nobody else reads are private to the
     cluster's kernel. Idempotent: a graph already tagged is left as it is.
 
-    Reductions that share no input are never clustered: one kernel for every norm-weight gradient
+    Reductions that share no input are clustered only when small (``SMALL_COLUMNS``): one kernel for every norm-weight gradient
     of a model (GPT-2: 25 layer norms, 50 sums) reads all of them at once, holds every layer's dy
     alive until the last layer's is computed, and ran at 6 GB/s on the H200 (4.1 ms, against
     0.1 ms as separate kernels: `results/zoo_profile_gpt2_llama_train_memory_h200.txt`)."""
@@ -448,7 +448,7 @@ def private_column_prologues(gm: fx.GraphModule) -> None:
         chain, leaves = _prologue(r.args[0], shape)
         # a reduction that reads anything the cluster's kernel computes (a member, or a moved chain
         # whose value a matmul turns into this reduction's input) needs a kernel of its own
-        cluster = next((c for c in clusters if c["shape"] == shape and c["leaves"] & leaves
+        cluster = next((c for c in clusters if c["shape"] == shape and (c["leaves"] & leaves or _small(shape))
                         and not _reads_any(r, c["computed"], index)), None)
         if cluster is None:
             cluster = {"id": len(clusters), "shape": shape, "members": [], "computed": [], "copies": {},
@@ -470,6 +470,21 @@ def private_column_prologues(gm: fx.GraphModule) -> None:
     if clusters:
         gm.graph.eliminate_dead_code()
         gm.recompile()
+
+
+#: column reductions of at most this many elements share a kernel even without a common input:
+#: a batch norm's two per-channel sums of its (N, C) row sums (one kernel instead of two); holding
+#: such tensors until the kernel runs costs nothing (big ones did: see above)
+SMALL_COLUMNS = 1 << 20
+
+
+def _small(shape) -> bool:
+    n = 1
+    for s in shape:
+        if not isinstance(s, int):
+            return False
+        n *= s
+    return n <= SMALL_COLUMNS
 
 
 def _prologue(start, shape) -> tuple[list | None, set]:
