@@ -145,7 +145,7 @@ def _fold(node):
 
 
 def is_reduction(node) -> bool:
-    return target_name(node) in REDUCTIONS
+    return node is not None and target_name(node) in REDUCTIONS
 
 
 def reduction_kind(node) -> str:

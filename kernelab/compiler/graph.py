@@ -26,6 +26,7 @@ Three kinds of group:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch.fx as fx
@@ -432,7 +433,8 @@ def private_column_prologues(gm: fx.GraphModule) -> None:
     it. The originals stay for their other users; copies nobody else reads are private to the
     cluster's kernel. Idempotent: a graph already tagged is left as it is.
 
-    Reductions that share no input are clustered only when small (``SMALL_COLUMNS``): one kernel for every norm-weight gradient
+    Reductions that share no input are clustered only when they sum small row results
+    (``SMALL_COLUMNS``): one kernel for every norm-weight gradient
     of a model (GPT-2: 25 layer norms, 50 sums) reads all of them at once, holds every layer's dy
     alive until the last layer's is computed, and ran at 6 GB/s on the H200 (4.1 ms, against
     0.1 ms as separate kernels: `results/zoo_profile_gpt2_llama_train_memory_h200.txt`)."""
@@ -448,7 +450,8 @@ def private_column_prologues(gm: fx.GraphModule) -> None:
         chain, leaves = _prologue(r.args[0], shape)
         # a reduction that reads anything the cluster's kernel computes (a member, or a moved chain
         # whose value a matmul turns into this reduction's input) needs a kernel of its own
-        cluster = next((c for c in clusters if c["shape"] == shape and (c["leaves"] & leaves or _small(shape))
+        cluster = next((c for c in clusters if c["shape"] == shape
+                        and (c["leaves"] & leaves or _small_row_results(shape, c["leaves"] | leaves))
                         and not _reads_any(r, c["computed"], index)), None)
         if cluster is None:
             cluster = {"id": len(clusters), "shape": shape, "members": [], "computed": [], "copies": {},
@@ -472,19 +475,24 @@ def private_column_prologues(gm: fx.GraphModule) -> None:
         gm.recompile()
 
 
-#: column reductions of at most this many elements share a kernel even without a common input:
-#: a batch norm's two per-channel sums of its (N, C) row sums (one kernel instead of two); holding
-#: such tensors until the kernel runs costs nothing (big ones did: see above)
+#: column reductions of row reductions' results, of at most this many elements, share a kernel
+#: even without a common input: a batch norm's two per-channel sums over N of its (N, C) row sums
+#: (one kernel instead of two). Unrelated full-size tensors (gradients) never do: see above.
 SMALL_COLUMNS = 1 << 20
 
 
-def _small(shape) -> bool:
-    n = 1
-    for s in shape:
-        if not isinstance(s, int):
-            return False
-        n *= s
-    return n <= SMALL_COLUMNS
+def _small_row_results(shape, leaves) -> bool:
+    """Is every input a row reduction's result, and ``shape`` at most ``SMALL_COLUMNS`` elements?"""
+    if not all(isinstance(s, int) for s in shape) or math.prod(shape) > SMALL_COLUMNS:
+        return False
+    return all(fusion.is_reduction(_through_views(n)) for n in leaves)
+
+
+def _through_views(node):
+    """The value a chain of views shows (a row sum viewed back to its keepdim shape)."""
+    while isinstance(node, fx.Node) and node.op == "call_function" and fusion.classify(node)[0] == "view":
+        node = node.args[0]
+    return node if isinstance(node, fx.Node) and node.op == "call_function" else None
 
 
 def _prologue(start, shape) -> tuple[list | None, set]:

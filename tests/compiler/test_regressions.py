@@ -1020,6 +1020,9 @@ def test_generated_batch_norm_backward_matches_eager(monkeypatch, channels_last)
     step(ref, x)
     plan = klc.explain(lambda x: step(net, x), x)
     assert not [e for gp in plan.graphs for e in gp.eager if "batch_norm_backward" in e[1]]
+    if not channels_last:  # each norm's two per-channel sums over N: one column kernel (graph.SMALL_COLUMNS)
+        columns = [g for gp in plan.graphs for g in gp.groups if g.kind == "column"]
+        assert [sum(op.endswith("= sum") for op in g.ops) for g in columns] == [2, 2], [g.ops for g in columns]
     net.zero_grad()
     torch.compile(lambda x: step(net, x), backend="kernelab")(x)
     for (name, p), q in zip(net.named_parameters(), ref.parameters()):
