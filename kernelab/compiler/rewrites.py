@@ -62,6 +62,8 @@ def common_subexpressions(gm: fx.GraphModule) -> int:
     its layer: T5 inference at 16 x 512 tokens on the H200 wrote six identical (16, 12, 512, 512)
     masks, 0.6 GB, twice Inductor's peak. Random ops and outputs stay apart. Returns how many
     nodes were removed."""
+    if not _repeats(gm.graph):
+        return 0  # (and torch's CSE, whose import takes 1-2 s, is not loaded for nothing)
     from torch._functorch.compile_utils import fx_graph_cse
 
     before = len(gm.graph.nodes)
@@ -71,6 +73,25 @@ def common_subexpressions(gm: fx.GraphModule) -> int:
         gm.graph = graph
         gm.recompile()
     return max(removed, 0)
+
+
+def _repeats(graph: fx.Graph) -> bool:
+    """Might two ops of ``graph`` be the same op on the same operands? (A cheap look first.)"""
+    def key(a):
+        return tuple(key(x) for x in a) if isinstance(a, (list, tuple)) else a
+
+    seen = set()
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        try:
+            k = (n.target, key(n.args), tuple(sorted((name, key(v)) for name, v in n.kwargs.items())))
+            if k in seen:
+                return True
+            seen.add(k)
+        except TypeError:  # an operand that does not hash: let the CSE decide
+            return True
+    return False
 
 
 _CLAMPS = {aten.clamp.default: ("min", "max"), aten.clamp_min.default: ("min",), aten.clamp_max.default: ("max",)}
