@@ -36,6 +36,9 @@ PROGRAMS = {
 
 
 def main(names: list[str]) -> None:
+    unknown = [n for n in names if n not in PROGRAMS]
+    if unknown:
+        sys.exit(f"plan_on_gpu.py: unknown program(s) {', '.join(unknown)}; known: {', '.join(sorted(PROGRAMS))}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for name in names or sorted(PROGRAMS):
         torch._dynamo.reset()

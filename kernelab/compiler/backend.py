@@ -55,9 +55,8 @@ def _decompositions(batch_norm_backward: str) -> dict:
     # Fused attention whose backward op is not decomposed must stay whole: the CPU flash op's
     # decomposition returns a logsumexp that its (undecomposed) backward op reads differently, so
     # decomposing only the forward gave gradients off by 25-33x relative norm (issue 11)
-    for op in _KEEP_WHOLE:
-        if op != "native_batch_norm_backward" or batch_norm_backward == "aten":
-            table.pop(getattr(aten, op).default, None)
+    for op in (o for o in _KEEP_WHOLE if batch_norm_backward == "aten" or o != "native_batch_norm_backward"):
+        table.pop(getattr(aten, op).default, None)
     no_training = aten._native_batch_norm_legit_no_training.default
     table[no_training] = _stats_in_their_dtype(table[no_training])
     return table

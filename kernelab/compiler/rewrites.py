@@ -44,11 +44,13 @@ prims = torch.ops.prims
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return (common_subexpressions(gm) + cuda_clamps_without_nan_bounds(gm) + batch_norms_in_place(gm) + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm)
+    return (common_subexpressions(gm) + cuda_clamps_without_nan_bounds(gm) + batch_norms_in_place(gm)
+            + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm)
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
-            + full_reductions_as_rows(gm)
-            + middle_dims_kept_as_rows_then_columns(gm) + trailing_reductions_as_rows(gm) + prologues_in_row_space(gm) + aranges_as_constants(gm) + one_hot_indexing(gm)
-            + casts_through_views(gm) + gathers_before_casts(gm) + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
+            + full_reductions_as_rows(gm) + middle_dims_kept_as_rows_then_columns(gm)
+            + trailing_reductions_as_rows(gm) + prologues_in_row_space(gm) + aranges_as_constants(gm)
+            + one_hot_indexing(gm) + casts_through_views(gm) + gathers_before_casts(gm)
+            + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
             + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
             + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm))
 
@@ -404,12 +406,12 @@ def middle_dims_kept_as_rows_then_columns(gm: fx.GraphModule) -> int:
         src, val = fusion.value(node.args[0]), fusion.value(node)
         rank = src.dim()
         reduced = sorted({d % rank for d in _dims(node)}) if rank else []
-        lead = [d for d in reduced if d < len(reduced) and reduced[:d + 1] == list(range(d + 1))]
-        trail = [d for d in reduced if d not in lead]
+        n_lead = next(i for i, d in enumerate(reduced + [None]) if d != i)  # reduced = 0, 1, .., n_lead - 1, ...
+        lead, trail = reduced[:n_lead], reduced[n_lead:]
         if not lead or not trail or trail != list(range(rank - len(trail), rank)) or len(reduced) == rank:
             continue
         if src.dtype not in (torch.float32, torch.float16, torch.bfloat16) or \
-                (len(trail) > 1 and _trailing_rows(_Probe(node, trail)) is None):
+                (len(trail) > 1 and _trailing_rows(node.args[0], trail) is None):
             continue
         keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
         dtype = node.kwargs.get("dtype")
@@ -430,14 +432,6 @@ def middle_dims_kept_as_rows_then_columns(gm: fx.GraphModule) -> int:
     return _cleanup(gm, count)
 
 
-class _Probe:
-    """A stand-in reduction node over ``dims`` of ``node``'s input, for ``_trailing_rows``."""
-
-    def __init__(self, node, dims):
-        self.args = (node.args[0], dims)
-        self.kwargs = {}
-
-
 def trailing_reductions_as_rows(gm: fx.GraphModule) -> int:
     """``sum``/``mean`` of a float tensor over its last k >= 2 dims (and not all of them) -> the
     same reduction over the last dim of a view with those dims flattened into one, viewed back:
@@ -450,7 +444,7 @@ def trailing_reductions_as_rows(gm: fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _TRAILING:
             continue
-        flat_shape = _trailing_rows(node)
+        flat_shape = _trailing_rows(node.args[0], _dims(node))
         if flat_shape is None:
             continue
         val = fusion.value(node)
@@ -496,8 +490,9 @@ def prologues_in_row_space(gm: fx.GraphModule) -> int:
 
 
 def _pointwise_source(node) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and fusion.target_name(node) in ops_table.POINTWISE \
-        and fusion.classify(node)[0] == "pointwise" and fusion.static_shape(fusion.value(node))
+    return (isinstance(node, fx.Node) and node.op == "call_function"
+            and fusion.target_name(node) in ops_table.POINTWISE and fusion.classify(node)[0] == "pointwise"
+            and fusion.static_shape(fusion.value(node)))
 
 
 def _merged_trailing(shape, flat) -> int | None:
@@ -525,11 +520,8 @@ def _in_rows(gm, node, k: int, anchor, memo: dict):
     val = fusion.value(node)
     rank = val.dim()
     b = _Builder(gm, anchor, val)
-    if not _pointwise_source(node):
+    if not _pointwise_source(node):  # (its merged dims were checked by its reader's ``operand``)
         shape = _row_shape_of(val.shape, rank, k)
-        full = fusion.padded(tuple(val.shape), rank)[k:]
-        if any(s != 1 for s in full) and any(s != t for s, t in zip(full, fusion.value(anchor.args[0]).shape[k:])):
-            raise ValueError("partly broadcast merged dims")
         memo[node, k] = out = b.op(aten.view.default, node, shape) if list(val.shape) != shape else node
         return out
     full_tail = list(val.shape[k:])
@@ -553,15 +545,16 @@ def _in_rows(gm, node, k: int, anchor, memo: dict):
     return out
 
 
-def _trailing_rows(node) -> list | None:
-    """The flat shape (leading dims, product of the reduced trailing dims) when ``node`` reduces
-    a static float tensor over its last k >= 2 (not all) dims that are contiguous, else None."""
-    src = fusion.value(node.args[0]) if isinstance(node.args[0], fx.Node) else None
+def _trailing_rows(source, dims) -> list | None:
+    """The flat shape (leading dims, product of the reduced trailing dims) when reducing
+    ``source``, a static float tensor, over ``dims`` is over its last k >= 2 (not all) dims, and
+    they are contiguous; else None."""
+    src = fusion.value(source) if isinstance(source, fx.Node) else None
     if not (isinstance(src, torch.Tensor) and hasattr(src, "fake_mode") and src.is_floating_point()
             and fusion.static_shape(src) and src.numel() > 0):
         return None
     rank = src.dim()
-    reduced = sorted({d % rank for d in _dims(node)}) if rank else []
+    reduced = sorted({d % rank for d in dims}) if rank else []
     k = len(reduced)
     if k < 2 or k >= rank or reduced != list(range(rank - k, rank)):
         return None
