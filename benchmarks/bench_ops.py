@@ -66,14 +66,22 @@ def tune_variants() -> list:
     ops_tune9_h200.csv): log_softmax's backward by teams; the norm forward's teams with 4096
     columns a member, with and without prefetch; layer_norm at 16384 columns by teams. Round 10
     (``--timer kernels``, ops_tune10_h200.csv): the norm backward by teams at 16384 columns (that
-    kernel, and cross-entropy's split forward of round 8, were removed: slower). This list: every
-    team kernel against the two-pass kernels it replaced, to re-check them on another GPU."""
+    kernel, and cross-entropy's split forward of round 8, were removed: slower). This list: softmax and
+    log_softmax at non-power-of-two widths with rows split into a head and a tail (the default) and
+    as one tile; then every team kernel against the two-pass kernels it replaced."""
     out = []
 
     def group(op, shape, backward, variants):
         out.append((op, shape, backward, "default", {}))
         out.extend((op, shape, backward, label, change) for label, change in variants)
 
+    # softmax rows of non-power-of-two widths as one power-of-two tile, against the default's head
+    # and tail (``_common.SPLIT_ROWS``); the norms' are in benchmarks/norm_tune.py ("one tile")
+    one_tile = ("one tile (rows not split)", {"_common.SPLIT_ROWS": False})
+    for shape in ((16384, 5120), (32768, 2880), (4096, 12288), (8192, 6144), (16384, 2560)):
+        for op in ("softmax", "log_softmax"):
+            for backward in (False, True):
+                group(op, shape, backward, [one_tile])
     two_pass = ("two-pass (no teams)", {"teams.ENABLED": False})
     for shape in ((4096, 65536), (2048, 262144)):
         for op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):

@@ -1,29 +1,22 @@
 #!/usr/bin/env bash
-# One device call that checks the last changes on the GPU (about 5 minutes on an H200):
-#   1. the GPU tests of special values and gathers (CUDA eager as the reference);
-#   2. the compiler's plan of interpolations on CUDA (benchmarks/plan_on_gpu.py);
-#   3. the interpolation programs of the compiler suite against Inductor;
-#   4. T5 inference against Inductor (zoo_profile.py, with the step's memory peak);
-#   5. ResNet-50's training step with ATen's batch norm backward and with the generated one
-#      (KERNELAB_BN_BACKWARD=generated), in the same run.
+# One device call that checks the last changes on the GPU (about 8 minutes on an H200):
+#   1. the norms at non-power-of-two and long widths (benchmarks/norm_tune.py): the default (rows
+#      held as a head and a tail; the per-lane looped forward as a setting) against one tile and
+#      the looped forward's chunk / warps settings, next to eager, torch.compile and Liger;
+#      every setting checked against float64 first;
+#   2. softmax / log_softmax with rows split or as one tile (bench_ops.py --tune-s, GPU time);
+#   3. the causal-LM training step (benchmarks/e2e_train.py): eager, kernelab.patch, Liger, compile.
+# Carry the Liger wheel (.whl) and install it into /tmp/site first (the device README).
 # Everything lands under $OUT (default ./out).
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-timeout 150 python3 -m pytest tests/gpu/test_special_values_gpu.py tests/gpu/test_gathers_gpu.py -q \
-    -p no:cacheprovider -W ignore > "$OUT/gpu_tests.txt" 2>&1
-echo "gpu tests rc=$?"; grep -E "passed|failed|^FAILED|^E  " "$OUT/gpu_tests.txt" | head -20
-timeout 60 python3 benchmarks/plan_on_gpu.py bicubic_float32 bilinear_bfloat16 > "$OUT/plans.txt" 2>&1
-grep -E "===|failed|ATen" "$OUT/plans.txt" | cut -c1-220 | head
-timeout 60 python3 benchmarks/compiler_suite.py "$OUT/cs" --only upsample_bilinear upsample_nearest \
-    upsample_bilinear_fwd_bwd --budget-s 45 > "$OUT/cs.log" 2>&1
-tail -7 "$OUT/cs.log"
-timeout 120 python3 benchmarks/zoo_profile.py "$OUT/t5" t5:infer --modes kernelab,inductor --top 12 --memory \
-    > "$OUT/t5.log" 2>&1
-grep -A6 "^==" "$OUT/t5.log" | cut -c1-150
-timeout 90 python3 benchmarks/zoo_profile.py "$OUT/rn_aten" resnet:train --modes kernelab --top 8 > "$OUT/rn_aten.log" 2>&1
-grep -A8 "^==" "$OUT/rn_aten.log" | cut -c1-150
-KERNELAB_BN_BACKWARD=generated timeout 90 python3 benchmarks/zoo_profile.py "$OUT/rn_gen" resnet:train \
-    --modes kernelab --top 8 > "$OUT/rn_gen.log" 2>&1
-grep -A8 "^==" "$OUT/rn_gen.log" | cut -c1-150
-rm -rf "$OUT/t5" "$OUT/rn_aten" "$OUT/rn_gen"  # (their zoo_profile.txt repeats the logs: the device returns at most 8 files)
+timeout 290 python3 benchmarks/norm_tune.py "$OUT/nt" --budget-s 240 --widths 2880 5120 6144 12288 16384 \
+    --settings "fwd one tile" "fwd looped past 8192" "fwd looped 1024 x 4w" "fwd looped 4096 x 8w" "bwd one tile" \
+    > "$OUT/norm_tune.log" 2>&1
+echo "norm_tune rc=$?"; grep -E "checks|wrong|error|skipped" "$OUT/norm_tune.log" | head -5
+tail -24 "$OUT/norm_tune.log" | cut -c1-230
+timeout 100 python3 benchmarks/bench_ops.py "$OUT/tune" --tune-s 75 --timer kernels > "$OUT/tune.log" 2>&1
+echo "tune rc=$?"; tail -24 "$OUT/tune.log" | cut -c1-160
+timeout 170 python3 benchmarks/e2e_train.py "$OUT/e2e" --budget-s 120 > "$OUT/e2e.log" 2>&1
+echo "e2e rc=$?"; tail -16 "$OUT/e2e.log" | cut -c1-200

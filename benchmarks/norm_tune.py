@@ -4,6 +4,7 @@
 
     python3 benchmarks/norm_tune.py OUT_DIR [--budget-s 150] [--ops layer_norm rms_norm]
                                     [--widths 768 7168 ...] [--passes fwd+bwd fwd] [--workers 8] [--no-compile]
+                                    [--settings "fwd one tile" ...]
 
 1. the copy ceiling (4 GiB device-to-device, bytes read + written);
 2. compile ahead: worker processes run every provider and setting of the cases once, untimed
@@ -46,10 +47,20 @@ OPS = ("layer_norm", "rms_norm")
 PEERS = ("eager", "compile", "liger")
 
 
+#: ``--settings``: the labels to time (besides "default"); None: all
+ONLY = None
+
+
 def settings(backward: bool) -> dict:
-    """kernelab's launch settings timed per case, by label: None is the public function (DEFAULT,
-    through the registered op's eager path: the host time users get). Each targets one suspected
-    cause of the slow backward at model widths (see benchmarks/NOTES_ops.md, "Model widths")."""
+    """kernelab's launch settings timed per case, by label (those ``--settings`` names, or all):
+    None is the public function (DEFAULT, through the registered op's eager path: the host time
+    users get). Each targets one suspected cause of the slow backward at model widths (see
+    benchmarks/NOTES_ops.md, "Model widths")."""
+    every = _all_settings(backward)
+    return {k: v for k, v in every.items() if ONLY is None or k == "default" or k in ONLY}
+
+
+def _all_settings(backward: bool) -> dict:
     from kernelab.ops.norms import NormConfig
 
     if not backward:
@@ -57,7 +68,11 @@ def settings(backward: bool) -> dict:
         # at 5120-6144 a program holds 10-12 KB of x in 16 warps; more rows or fewer warps a program
         # put more bytes in flight per SM
         # (DEFAULT: 32 a thread at 2049-8192 columns since results/norm_tune_fwd_h200.csv, else the rule)
-        return {"default": None, "fwd 16 a thread": NormConfig(fwd_per_thread=16),
+        return {"default": None,
+                # rows of non-power-of-two widths as one power-of-two tile (the default before
+                # _common.SPLIT_ROWS: a head and a tail)
+                "fwd one tile": NormConfig(fwd_split=False),
+                "fwd 16 a thread": NormConfig(fwd_per_thread=16),
                 "fwd 32 a thread": NormConfig(fwd_per_thread=32),
                 "fwd 8 a thread": NormConfig(fwd_per_thread=8),
                 "fwd 16384-element tiles": NormConfig(fwd_tile=16384),
@@ -67,8 +82,15 @@ def settings(backward: bool) -> dict:
                 "fwd no register cap": NormConfig(fwd_reg_cap=0),
                 "fwd 80 registers": NormConfig(fwd_reg_cap=80),
                 "fwd teams past 8192": NormConfig(fwd_one_pass_max=8192),
-                # torch.compile's kernel at 12288 is a looped reduction: ours, rows past 8192
-                "fwd looped past 8192": NormConfig(fwd_one_pass_max=8192, fwd_teams=False)}
+                # torch.compile's kernel at 12288 is a looped reduction; ours (per-lane statistics,
+                # one row a program, x re-read from L2), rows past 8192, by chunk and warps
+                "fwd looped past 8192": NormConfig(fwd_one_pass_max=8192, fwd_teams=False),
+                "fwd looped 1024 x 4w": NormConfig(fwd_one_pass_max=8192, fwd_teams=False, fwd_loop_chunk=1024,
+                                                   fwd_loop_warps=4),
+                "fwd looped 2048 x 4w": NormConfig(fwd_one_pass_max=8192, fwd_teams=False, fwd_loop_warps=4),
+                "fwd looped 4096 x 8w": NormConfig(fwd_one_pass_max=8192, fwd_teams=False, fwd_loop_chunk=4096),
+                "fwd looped 4096 x 16w": NormConfig(fwd_one_pass_max=8192, fwd_teams=False, fwd_loop_chunk=4096,
+                                                    fwd_loop_warps=16)}
     return {
         # DEFAULT: as many programs as the compiled kernel keeps resident, two row blocks in flight
         # per program (3 stages): the best setting at 7 of 8 shapes in results/norm_tune_graph_h200.csv
@@ -81,6 +103,8 @@ def settings(backward: bool) -> dict:
         "resident 2 stages": NormConfig(bwd_stages=2),
         # w loaded once per program, not per row (a third less L2 -> SM traffic)
         "resident w held": NormConfig(bwd_hold_w=True),
+        # rows of non-power-of-two widths as one power-of-two tile (before _common.SPLIT_ROWS)
+        "bwd one tile": NormConfig(bwd_split=False),
         # "atomic" (dw, db by atomics finished by the last program) measured wrong on the H200 for
         # layer_norm (norm_tune_h200.log): refused on GPUs (norms._refuse_on_gpu), left out here
     }
@@ -153,6 +177,8 @@ def prewarm(part: int, parts: int, args) -> int:
 
 def start_workers(args) -> list:
     passthrough = ["--ops", *args.ops, "--passes", *args.passes, "--peers", *args.peers]
+    if args.settings:
+        passthrough += ["--settings", *args.settings]
     if args.widths:
         passthrough += ["--widths", *map(str, args.widths)]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -272,12 +298,20 @@ def main() -> int:
     p.add_argument("--widths", nargs="+", type=int, default=None, help="only these widths of the model grid")
     p.add_argument("--passes", nargs="+", default=["fwd+bwd", "fwd"], choices=("fwd+bwd", "fwd"))
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
+    p.add_argument("--settings", nargs="+", default=None, metavar="LABEL",
+                   help="time only these settings (labels of settings()) besides the default")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out (its compiles take most of a short budget)")
     p.add_argument("--workers", type=int, default=8, help="compile-ahead worker processes (0: none)")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph (GPU-only) timing")
     p.add_argument("--smoke", action="store_true", help="CPU, interpreter, tiny rows, no timing: does it run")
     p.add_argument("--prewarm", nargs=2, type=int, metavar=("PART", "PARTS"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    global ONLY
+    if args.settings:
+        labels = set(_all_settings(False)) | set(_all_settings(True))
+        if unknown := [x for x in args.settings if x not in labels]:
+            p.error(f"unknown settings {unknown}; known: {sorted(labels)}")
+        ONLY = set(args.settings)
     if args.no_compile:
         args.peers = [x for x in args.peers if x != "compile"]
     if args.prewarm:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import NamedTuple
 
 import torch
 import triton
@@ -309,9 +310,28 @@ def warps_for(elements: int, per_thread: int | None = None) -> int:
     return max(1, min(MAX_WARPS, elements // (32 * per_thread)))
 
 
+#: One-pass kernels hold a row longer than SHORT_ROW as two power-of-two parts instead of one tile
+#: of next_pow2(N) lanes: a head (half that tile) and a masked tail (the next power of two of the
+#: rest), where that leaves fewer lanes idle: 5120 = 4096 + 1024, 12288 = 8192 + 4096, 2880 = 2048 +
+#: 1024, 6144 = 4096 + 2048 (idle lanes 37.5 -> 0 %, 25 -> 0 %, 30 -> 6 %, 25 -> 0 %); 7168 keeps
+#: its 8192 tile (its tail would be 4096). Idle lanes move no bytes but hold registers and threads:
+#: fewer of them leave room for more programs an SM, hence more bytes in flight. False: one tile.
+SPLIT_ROWS = True
+
+
+class RowTile(NamedTuple):
+    """How a one-pass row kernel covers its rows: BLOCK_M rows of ``block_n`` columns (the head),
+    plus ``tail`` columns after them (0: none; only where BLOCK_M is 1), ``warps`` a program."""
+
+    block_m: int
+    block_n: int
+    tail: int
+    warps: int
+
+
 def row_tile(m: int, n: int, max_fused: int = MAX_FUSED, tile: int | None = None,
-             per_thread: int | None = None) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for one-pass row kernels.
+             per_thread: int | None = None, split: bool = False) -> RowTile:
+    """The tile of one-pass row kernels.
 
     The rule, from two tuning runs on the H200 (bf16 forwards, ``results/ops_tune1_h200.csv`` and
     ``ops_tune2_h200.csv``; TB/s before -> after):
@@ -323,15 +343,20 @@ def row_tile(m: int, n: int, max_fused: int = MAX_FUSED, tile: int | None = None
     * 16384: 32 elements a thread, i.e. 16 warps, so that two programs share an SM (rms_norm
       2.76 -> 4.00, log_softmax 2.26 -> 3.86; with 32 warps one program held a whole SM).
 
-    ``tile`` and ``per_thread`` override the rule (the norm backward passes its own).
+    ``tile`` and ``per_thread`` override the rule (the norm backward passes its own). ``split``:
+    a row of one program is held as a head and a tail where that idles fewer lanes (SPLIT_ROWS);
+    the head's size sets the warps and elements a thread as the rule would for it.
     """
     block_n = next_pow2(max(n, 1))
     assert block_n <= max_fused
     short = block_n <= SHORT_ROW
     tile = tile or ROW_TILE or (SHORT_ROW if short else block_n)
-    per_thread = per_thread or ROW_PER_THREAD or (32 if short or block_n >= 16384 else 16)
     block_m = max(1, min(next_pow2(max(m, 1)), tile // block_n))
-    return block_m, block_n, warps_for(block_m * block_n, per_thread)
+    tail = 0
+    if split and block_m == 1 and not short and next_pow2(n - block_n // 2) < block_n // 2:
+        block_n, tail = block_n // 2, next_pow2(n - block_n // 2)
+    per_thread = per_thread or ROW_PER_THREAD or (32 if short or block_n >= 16384 else 16)
+    return RowTile(block_m, block_n, tail, warps_for(block_m * block_n, per_thread))
 
 
 #: Chunk of a looped (long-row) kernel, in elements.
@@ -468,6 +493,14 @@ def sum_partials(a: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype):
 @functools.lru_cache(maxsize=None)
 def _sum_partials_launch():
     return prepared(_sum_partials_kernel, BLOCK_P=32, BLOCK_N=64, num_warps=4)
+
+
+@triton.jit
+def tail_offsets(rows, M, N, BLOCK_N: tl.constexpr, TAIL: tl.constexpr):
+    """A split row's tail (``row_tile``): its column indices, after the BLOCK_N of the head, and
+    the mask of ``rows`` x those columns."""
+    cols = BLOCK_N + tl.arange(0, TAIL)
+    return cols, (rows[:, None] < M) & (cols[None, :] < N)
 
 
 @triton.jit

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from . import _common, teams
-from ._common import row_offsets
+from ._common import row_offsets, tail_offsets
 
 #: layer_norm's one-pass forward at 16384 columns holds x, the centered x, w and b: 100 registers
 #: a thread at 16 warps, so one program per SM (2.49 TB/s on the H200, bf16; the looped kernel,
@@ -51,7 +51,9 @@ class NormConfig:
     and ``fwd_per_thread`` elements a thread, None for ``_common.row_tile``'s rule; ``fwd_reg_cap``
     registers a thread (0: no cap; None: LONG_ROW_MAXNREG for layer_norm's 16384-element tiles);
     ``fwd_one_pass_max`` the longest row one program holds (longer rows: teams, or with
-    ``fwd_teams=False`` the looped kernel, which re-reads each row from L2; None: FWD_ONE_PASS_MAX).
+    ``fwd_teams=False`` the looped kernel, which re-reads each row from L2; None: FWD_ONE_PASS_MAX);
+    the looped kernel's chunk ``fwd_loop_chunk`` (elements of a row a step) and ``fwd_loop_warps``;
+    ``fwd_split``: a row of a non-power-of-two width held as a head and a tail (``_common.row_tile``).
 
     Backward (DEFAULT: as many programs as one wave holds, three pipeline stages; the best of five
     settings at 7 of 8 model shapes on the H200, 1.13-2.86x the best of eager and Liger,
@@ -66,7 +68,9 @@ class NormConfig:
     into a float32 workspace with atomics and the last program to finish rounds them into dw and
     db (one launch, no [programs, N] partial rows, no sum kernel; the summation order, hence the
     last bits of dw and db, varies from run to run); ``bwd_max_fused``: the longest row the one-pass
-    backward holds (longer rows: a stats kernel, then column tiles; x and dy read twice).
+    backward holds (longer rows: a stats kernel, then column tiles; x and dy read twice);
+    ``bwd_split``: whole rows of a non-power-of-two width held as a head and a tail (not with
+    ``bwd_atomic``).
     """
 
     fwd_tile: Optional[int] = None
@@ -74,6 +78,9 @@ class NormConfig:
     fwd_reg_cap: Optional[int] = None
     fwd_one_pass_max: Optional[int] = None
     fwd_teams: bool = True
+    fwd_loop_chunk: int = 2048
+    fwd_loop_warps: int = 8
+    fwd_split: bool = _common.SPLIT_ROWS
     bwd_programs_per_sm: Optional[int] = None
     bwd_tile: int = 2048
     bwd_per_thread: int = 16
@@ -82,6 +89,7 @@ class NormConfig:
     bwd_atomic: bool = False
     bwd_max_fused: int = 8192
     bwd_one_wave: bool = True
+    bwd_split: bool = _common.SPLIT_ROWS
 
 
 DEFAULT = NormConfig()
@@ -115,16 +123,6 @@ def _affine(xhat, w_ptr, b_ptr, cols, col_ok, HAS_W: tl.constexpr, HAS_B: tl.con
     return y
 
 
-@triton.jit
-def _welford_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
-    """Chan's merge of two (count, mean, sum of squared deviations) summaries: no cancellation."""
-    n = n_a + n_b
-    delta = mean_b - mean_a
-    mean = mean_a + delta * (n_b / n)
-    m2 = m2_a + m2_b + delta * delta * (n_a * n_b / n)
-    return n, mean, m2
-
-
 # --------------------------------------------------------------------------- forward kernels
 @triton.jit
 def _norm_fwd_kernel(
@@ -133,30 +131,46 @@ def _norm_fwd_kernel(
     M, N,
     eps,
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Blocks of BLOCK_M whole rows held in registers (one block per program as launched): x read
-    once, y written once."""
+    once, y written once. TAIL > 0: a row is its first BLOCK_N columns and a masked tail of TAIL
+    after them (``_common.row_tile``); sums add the two parts."""
     for blk in tl.range(tl.program_id(0).to(tl.int64), tl.cdiv(M, BLOCK_M), tl.num_programs(0), num_stages=STAGES):
         rows, cols = row_offsets(blk, BLOCK_M, BLOCK_N)
         row_ok, col_ok = rows < M, cols < N
         mask = row_ok[:, None] & col_ok[None, :]
         # load x
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if TAIL > 0:
+            cols_t, mask_t = tail_offsets(rows, M, N, BLOCK_N, TAIL)
+            x_t = tl.load(x_ptr + rows[:, None] * stride_x + cols_t[None, :], mask=mask_t, other=0.0).to(tl.float32)
         # reduce: mean and the centered second moment
         if RMS:
             mean = tl.zeros((BLOCK_M,), tl.float32)
-            var = tl.sum(x * x, axis=1) / N
+            sq = tl.sum(x * x, axis=1)
+            if TAIL > 0:
+                sq += tl.sum(x_t * x_t, axis=1)
+                xc_t = x_t
             xc = x
         else:
             # exact two-step (the row is in registers)
-            mean = tl.sum(x, axis=1) / N
+            total = tl.sum(x, axis=1)
+            if TAIL > 0:
+                total += tl.sum(x_t, axis=1)
+            mean = total / N
             xc = tl.where(mask, x - mean[:, None], 0.0)
-            var = tl.sum(xc * xc, axis=1) / N
-        rstd = 1.0 / tl.sqrt(var + eps)
+            sq = tl.sum(xc * xc, axis=1)
+            if TAIL > 0:
+                xc_t = tl.where(mask_t, x_t - mean[:, None], 0.0)
+                sq += tl.sum(xc_t * xc_t, axis=1)
+        rstd = 1.0 / tl.sqrt(sq / N + eps)
         # normalize, scale, shift, store y and the row statistics
         y = _affine(xc * rstd[:, None], w_ptr, b_ptr, cols[None, :], col_ok[None, :], HAS_W, HAS_B)
         tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        if TAIL > 0:
+            y_t = _affine(xc_t * rstd[:, None], w_ptr, b_ptr, cols_t[None, :], cols_t[None, :] < N, HAS_W, HAS_B)
+            tl.store(y_ptr + rows[:, None] * stride_y + cols_t[None, :], y_t.to(y_ptr.dtype.element_ty), mask=mask_t)
         if not RMS:
             tl.store(mean_ptr + rows, mean, mask=row_ok)
         tl.store(rstd_ptr + rows, rstd, mask=row_ok)
@@ -171,46 +185,55 @@ def _norm_fwd_looped_kernel(
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Rows of any length: persistent programs, two passes over BLOCK_N chunks, the second reversed.
+    """Rows of any length, one row per program, two passes over BLOCK_N-element chunks.
 
-    Statistics per chunk are exact (the chunk is in registers) and merged with Chan's formula.
-    Each pass loads chunk c+1 before using chunk c.
+    Pass 1 reads x (kept in L2: evict-last) into per-lane statistics, with no reduction across
+    lanes inside the loop: lane j sees x[j], x[j + BLOCK_N], ... and keeps a running mean and M2
+    (Welford: exact, no cancellation; rms: a running sum of squares). Every lane of a full chunk
+    has then seen c + 1 values, so the division is one scalar reciprocal a chunk; only the last
+    chunk is partial. One reduction at the end merges the lanes (Chan: M2 = sum of the lanes' M2 +
+    n_j * (mean_j - mean)^2). Pass 2 re-reads x newest chunk first (L2 hits), writes y.
+    Traffic: x from DRAM once, x from L2 once, y once.
     """
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
     n_chunks = tl.cdiv(N, BLOCK_N)
-    for row in range(tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
-        x_row = x_ptr + row * stride_x
-        y_row = y_ptr + row * stride_y
-        # pass 1, read x: count, mean and M2 (evict-last: pass 2 re-reads from L2)
-        cnt = tl.full((), 0.0, tl.float32)
-        mean = tl.full((), 0.0, tl.float32)
-        m2 = tl.full((), 0.0, tl.float32)
-        x_next = tl.load(x_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_last")
-        for c in range(0, n_chunks):
-            x = x_next.to(tl.float32)
-            ok = c * BLOCK_N + cols < N
-            idx = (c + 1) * BLOCK_N + cols
-            x_next = tl.load(x_row + idx, mask=idx < N, other=0.0, eviction_policy="evict_last")
-            if RMS:
-                m2 += tl.sum(x * x, axis=0)
-            else:
-                n_c = tl.minimum(N - c * BLOCK_N, BLOCK_N).to(tl.float32)
-                mean_c = tl.sum(x, axis=0) / n_c
-                xc = tl.where(ok, x - mean_c, 0.0)
-                cnt, mean, m2 = _welford_merge(cnt, mean, m2, n_c, mean_c, tl.sum(xc * xc, axis=0))
-        rstd = 1.0 / tl.sqrt(m2 / N + eps)
-        if not RMS:
-            tl.store(mean_ptr + row, mean)
-        tl.store(rstd_ptr + row, rstd)
-        # pass 2, re-read x newest chunk first (L2 hits), normalize, write y
-        idx = (n_chunks - 1) * BLOCK_N + cols
-        x_next = tl.load(x_row + idx, mask=idx < N, other=0.0, eviction_policy="evict_first")
-        for c in range(0, n_chunks):
-            x, out = x_next, idx
-            idx = (n_chunks - 2 - c) * BLOCK_N + cols
-            x_next = tl.load(x_row + idx, mask=(idx >= 0) & (idx < N), other=0.0, eviction_policy="evict_first")
-            y = _affine((x.to(tl.float32) - mean) * rstd, w_ptr, b_ptr, out, out < N, HAS_W, HAS_B)
-            tl.store(y_row + out, y.to(y_ptr.dtype.element_ty), mask=out < N)
+    # pass 1: per-lane running statistics
+    lane_mean = tl.zeros((BLOCK_N,), tl.float32)
+    lane_m2 = tl.zeros((BLOCK_N,), tl.float32)
+    for c in range(0, n_chunks):
+        idx = c * BLOCK_N + cols
+        ok = idx < N
+        x = tl.load(x_row + idx, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        if RMS:
+            lane_m2 += x * x
+        else:
+            delta = x - lane_mean
+            lane_mean += tl.where(ok, delta * (1.0 / (c + 1)), 0.0)
+            lane_m2 += tl.where(ok, delta * (x - lane_mean), 0.0)
+    # merge the lanes: lane j holds the values of every chunk, or of all but the partial last one
+    if RMS:
+        mean = 0.0
+        m2 = tl.sum(lane_m2, axis=0)
+    else:
+        in_last = N - (n_chunks - 1) * BLOCK_N  # lanes the last chunk covers
+        lane_n = tl.where(cols < in_last, n_chunks, n_chunks - 1).to(tl.float32)
+        mean = tl.sum(lane_n * lane_mean, axis=0) / N
+        spread = lane_mean - mean
+        m2 = tl.sum(lane_m2 + lane_n * spread * spread, axis=0)
+    rstd = 1.0 / tl.sqrt(m2 / N + eps)
+    if not RMS:
+        tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+    # pass 2: re-read x newest chunk first (L2 hits), normalize, write y
+    for c in range(0, n_chunks):
+        idx = (n_chunks - 1 - c) * BLOCK_N + cols
+        ok = idx < N
+        x = tl.load(x_row + idx, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        y = _affine((x - mean) * rstd, w_ptr, b_ptr, idx, ok, HAS_W, HAS_B)
+        tl.store(y_row + idx, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 # --------------------------------------------------------------------------- backward kernels
@@ -270,6 +293,23 @@ def _add_weight_grads(dw_col, db_col, cols, col_ok, ws_ptr, count_ptr, dw_ptr, d
 
 
 @triton.jit
+def _bwd_part(x, dy, w, rstd, mean, mask, RMS: tl.constexpr, HAS_W: tl.constexpr):
+    """(xhat, g = dy * w) of one part of a row block; masked lanes' xhat 0."""
+    xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+    g = dy * w if HAS_W else dy
+    return xhat, g
+
+
+@triton.jit
+def _load_w(w_ptr, cols, col_ok, HAS_W: tl.constexpr):
+    """w of ``cols`` as a [1, cols] float32 row (1.0 without a weight)."""
+    if HAS_W:
+        return tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    else:
+        return 1.0
+
+
+@triton.jit
 def _norm_bwd_kernel(
     x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, c_ptr, dx_ptr, dw_ptr, db_ptr, count_ptr, dw_out_ptr, db_out_ptr,
     stride_x, stride_dy, stride_dx,
@@ -277,13 +317,15 @@ def _norm_bwd_kernel(
     rows_per_program,
     RMS: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
     ROW_IN_TILE: tl.constexpr, HOLD_W: tl.constexpr, ATOMIC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, STAGES: tl.constexpr,
 ):
     """dx of ``rows_per_program`` rows (program axis 0) x BLOCK_N columns (axis 1), BLOCK_M rows at
     a time, and this program's column sums of dw and db.
 
     ROW_IN_TILE: the tile spans whole rows, so c1 and c2 are reduced here; otherwise they were
-    computed by ``_norm_bwd_stats_kernel``. Reads x and dy once, writes dx once; the next rows'
+    computed by ``_norm_bwd_stats_kernel``. TAIL > 0 (whole rows only, not with ATOMIC): a row is
+    its first BLOCK_N columns and a masked tail of TAIL columns after them (``_common.row_tile``),
+    each with its own dw and db sums. Reads x and dy once, writes dx once; the next rows'
     loads are issued (cp.async) before the current ones are reduced (STAGES - 1 row blocks ahead).
     The column sums go to row pid_m of the [programs, N] float32 buffers ``dw_ptr``, ``db_ptr``,
     or with ATOMIC straight into dw and db (``_add_weight_grads``: ``dw_ptr`` is then the
@@ -294,8 +336,14 @@ def _norm_bwd_kernel(
     col_ok = cols < N
     dw_acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     db_acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if TAIL > 0:
+        cols_t = BLOCK_N + tl.arange(0, TAIL)
+        dw_acc_t = tl.zeros((BLOCK_M, TAIL), tl.float32)
+        db_acc_t = tl.zeros((BLOCK_M, TAIL), tl.float32)
     if HOLD_W:  # w in registers for the whole program (BLOCK_N / threads more a thread)
-        w_held = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else 1.0
+        w_held = _load_w(w_ptr, cols, col_ok, HAS_W)
+        if TAIL > 0:
+            w_held_t = _load_w(w_ptr, cols_t, cols_t < N, HAS_W)
     first = pid_m.to(tl.int64) * rows_per_program
     last = tl.minimum(first + rows_per_program, M)
     for start in tl.range(first, last, BLOCK_M, num_stages=STAGES):
@@ -305,17 +353,32 @@ def _norm_bwd_kernel(
         # load x, dy and the row statistics
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if TAIL > 0:
+            mask_t = row_ok[:, None] & (cols_t[None, :] < N)
+            x_t = tl.load(x_ptr + rows[:, None] * stride_x + cols_t[None, :], mask=mask_t, other=0.0).to(tl.float32)
+            dy_t = tl.load(dy_ptr + rows[:, None] * stride_dy + cols_t[None, :], mask=mask_t, other=0.0)
+            dy_t = dy_t.to(tl.float32)
         rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]
         mean = 0.0 if RMS else tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None]
-        xhat = tl.where(mask, (x - mean) * rstd, 0.0)
-        if HOLD_W:
-            g = dy * w_held
-        else:  # w re-read per row block (from L1/L2): holding it would cost BLOCK_N registers
-            g = dy * tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
+        # w re-read per row block (from L1/L2) unless held: holding it costs BLOCK_N registers
+        xhat, g = _bwd_part(x, dy, w_held if HOLD_W else _load_w(w_ptr, cols, col_ok, HAS_W), rstd, mean, mask,
+                            RMS, HAS_W)
+        if TAIL > 0:
+            xhat_t, g_t = _bwd_part(x_t, dy_t, w_held_t if HOLD_W else _load_w(w_ptr, cols_t, cols_t < N, HAS_W),
+                                    rstd, mean, mask_t, RMS, HAS_W)
         # reduce (or load) c1 and c2
         if ROW_IN_TILE:
-            c1 = tl.sum(g * xhat, axis=1)[:, None] / N
-            c2 = 0.0 if RMS else tl.sum(g, axis=1)[:, None] / N
+            c1 = tl.sum(g * xhat, axis=1)
+            if TAIL > 0:
+                c1 += tl.sum(g_t * xhat_t, axis=1)
+            c1 = c1[:, None] / N
+            if RMS:
+                c2 = 0.0
+            else:
+                c2 = tl.sum(g, axis=1)
+                if TAIL > 0:
+                    c2 += tl.sum(g_t, axis=1)
+                c2 = c2[:, None] / N
         else:
             c1 = tl.load(c_ptr + 2 * rows, mask=row_ok, other=0.0)[:, None]
             c2 = tl.load(c_ptr + 2 * rows + 1, mask=row_ok, other=0.0)[:, None]
@@ -326,16 +389,30 @@ def _norm_bwd_kernel(
             dw_acc += dy * xhat
         if NEED_DB:
             db_acc += dy
+        if TAIL > 0:
+            dx_t = (g_t - xhat_t * c1 - c2) * rstd
+            tl.store(dx_ptr + rows[:, None] * stride_dx + cols_t[None, :], dx_t.to(dx_ptr.dtype.element_ty),
+                     mask=mask_t)
+            if NEED_DW:
+                dw_acc_t += dy_t * xhat_t
+            if NEED_DB:
+                db_acc_t += dy_t
     dw_col = tl.sum(dw_acc, axis=0)
     db_col = tl.sum(db_acc, axis=0)
     if ATOMIC:
         _add_weight_grads(dw_col, db_col, cols, col_ok, dw_ptr, count_ptr, dw_out_ptr, db_out_ptr, N,
                           NEED_DW, NEED_DB, BLOCK_N)
     else:  # this program's partial sums: row pid_m of a [programs, N] float32 buffer
+        row_sums = pid_m.to(tl.int64) * N
         if NEED_DW:
-            tl.store(dw_ptr + pid_m.to(tl.int64) * N + cols, dw_col, mask=col_ok)
+            tl.store(dw_ptr + row_sums + cols, dw_col, mask=col_ok)
         if NEED_DB:
-            tl.store(db_ptr + pid_m.to(tl.int64) * N + cols, db_col, mask=col_ok)
+            tl.store(db_ptr + row_sums + cols, db_col, mask=col_ok)
+        if TAIL > 0:
+            if NEED_DW:
+                tl.store(dw_ptr + row_sums + cols_t, tl.sum(dw_acc_t, axis=0), mask=cols_t < N)
+            if NEED_DB:
+                tl.store(db_ptr + row_sums + cols_t, tl.sum(db_acc_t, axis=0), mask=cols_t < N)
 
 
 @triton.jit
@@ -408,23 +485,24 @@ FWD_WIDE_PER_THREAD = 32
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_tile(m: int, n: int, rms: bool, config: NormConfig) -> tuple[int, int, int, Optional[int]]:
-    """(BLOCK_M, BLOCK_N, num_warps, maxnreg) of the one-pass forward (cached: host time per call)."""
+def _fwd_tile(m: int, n: int, rms: bool, config: NormConfig) -> tuple[_common.RowTile, Optional[int]]:
+    """(tile, maxnreg) of the one-pass forward (cached: host time per call)."""
     per_thread = config.fwd_per_thread or (FWD_WIDE_PER_THREAD if 2048 < n <= 8192 else None)
-    block_m, block_n, warps = _common.row_tile(m, n, tile=config.fwd_tile, per_thread=per_thread)
+    t = _common.row_tile(m, n, tile=config.fwd_tile, per_thread=per_thread, split=config.fwd_split)
     if config.fwd_reg_cap is not None:
-        return block_m, block_n, warps, config.fwd_reg_cap or None
-    return block_m, block_n, warps, LONG_ROW_MAXNREG if block_n >= 16384 and not rms else None
+        return t, config.fwd_reg_cap or None
+    return t, LONG_ROW_MAXNREG if t.block_n >= 16384 and not rms else None
 
 
 @functools.lru_cache(maxsize=1024)
 def _fwd_launch(m: int, n: int, rms: bool, has_w: bool, has_b: bool, config: Optional[NormConfig]) -> tuple:
     """(grid, prepared launch) of the one-pass forward; ``config`` None for DEFAULT (cached per call
     shape: a frozen dataclass hashes every field, DEFAULT's calls skip that)."""
-    block_m, block_n, warps, maxnreg = _fwd_tile(m, n, rms, config or DEFAULT)
-    launch = _common.prepared(_norm_fwd_kernel, RMS=rms, HAS_W=has_w, HAS_B=has_b, BLOCK_M=block_m, BLOCK_N=block_n,
-                              STAGES=_common.ONE_PASS_STAGES, num_warps=warps, maxnreg=maxnreg)
-    return (_common.cdiv(m, block_m),), launch
+    t, maxnreg = _fwd_tile(m, n, rms, config or DEFAULT)
+    launch = _common.prepared(_norm_fwd_kernel, RMS=rms, HAS_W=has_w, HAS_B=has_b, BLOCK_M=t.block_m,
+                              BLOCK_N=t.block_n, TAIL=t.tail, STAGES=_common.ONE_PASS_STAGES, num_warps=t.warps,
+                              maxnreg=maxnreg)
+    return (_common.cdiv(m, t.block_m),), launch
 
 
 def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, config: NormConfig = DEFAULT):
@@ -452,23 +530,24 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, 
             num_warps=p.warps, maxnreg=p.maxnreg,
         )
     else:
-        block_n, warps = _common.chunk_config(x.element_size())
-        grid = _common.persistent_grid(m, n * x.element_size(), x.device)
-        _common.launch(_norm_fwd_looped_kernel, (grid,))(
+        _common.launch(_norm_fwd_looped_kernel, (m,))(
             x2, w, b, y, mean, rstd, stride_x, n, m, n, eps,
-            RMS=rms, HAS_W=w is not None, HAS_B=b is not None, BLOCK_N=block_n, num_warps=warps,
+            RMS=rms, HAS_W=w is not None, HAS_B=b is not None, BLOCK_N=config.fwd_loop_chunk,
+            num_warps=config.fwd_loop_warps,
         )
     return y, mean, rstd
 
 
 class _BwdTile(NamedTuple):
-    """How ``_norm_bwd_kernel`` covers a row: BLOCK_M rows x BLOCK_N columns a step, ``col_blocks``
-    column tiles a row (more than one: long rows, whose c1 and c2 a stats kernel computes first)."""
+    """How ``_norm_bwd_kernel`` covers a row: BLOCK_M rows x BLOCK_N columns a step (plus a tail of
+    ``tail`` columns after them, ``_common.row_tile``), ``col_blocks`` column tiles a row (more than
+    one: long rows, whose c1 and c2 a stats kernel computes first)."""
 
     block_m: int
     block_n: int
     warps: int
     col_blocks: int
+    tail: int = 0
 
 
 #: Long rows' backward: column tiles of this many elements (and the stats kernel's chunk), 8 warps.
@@ -478,9 +557,9 @@ LONG_BWD_TILE = 4096
 @functools.lru_cache(maxsize=1024)
 def _bwd_tile(m: int, n: int, config: NormConfig) -> _BwdTile:
     if n <= config.bwd_max_fused:
-        block_m, block_n, warps = _common.row_tile(m, n, max_fused=config.bwd_max_fused, tile=config.bwd_tile,
-                                                   per_thread=config.bwd_per_thread)
-        return _BwdTile(block_m, block_n, warps, 1)
+        t = _common.row_tile(m, n, max_fused=config.bwd_max_fused, tile=config.bwd_tile,
+                             per_thread=config.bwd_per_thread, split=config.bwd_split and not config.bwd_atomic)
+        return _BwdTile(t.block_m, t.block_n, t.warps, 1, t.tail)
     return _BwdTile(1, LONG_BWD_TILE, 8, _common.cdiv(n, LONG_BWD_TILE))
 
 
@@ -550,7 +629,7 @@ def _bwd_plan(key: tuple, config: NormConfig, pointers: tuple, strides: tuple) -
     tile = _bwd_tile(m, n, config)
     constexprs = dict(RMS=rms, HAS_W=has_w, NEED_DW=need_dw, NEED_DB=need_db, ROW_IN_TILE=tile.col_blocks == 1,
                       HOLD_W=config.bwd_hold_w, ATOMIC=config.bwd_atomic and (need_dw or need_db),
-                      BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, STAGES=config.bwd_stages)
+                      BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, TAIL=tile.tail, STAGES=config.bwd_stages)
     args = (*pointers, *strides, n, m, n, _common.cdiv(m, 4 * _common.sm_count(device)))
     programs = _bwd_programs(tile, config, args, constexprs, device)
     row_programs, rows_per_program = _bwd_rows(m, tile.block_m, programs)

@@ -30,7 +30,7 @@ import triton.language as tl
 from torch._prims_common import canonicalize_dim
 
 from . import _common, teams
-from ._common import row_offsets
+from ._common import row_offsets, tail_offsets
 
 #: Elements per program and per thread of the one-pass backward (it holds y and dy); None: the
 #: forward's rule (``_common.row_tile``).
@@ -90,23 +90,35 @@ def _softmax_fwd_kernel(
     x_ptr, y_ptr,
     stride_x, stride_y,
     M, N,
-    LOG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    LOG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Blocks of BLOCK_M whole rows held in registers (one block per program as launched; the
-    loop also serves a persistent grid): x read once, y written once."""
+    loop also serves a persistent grid): x read once, y written once. TAIL > 0: a row is its first
+    BLOCK_N columns and a masked tail of TAIL after them (``_common.row_tile``)."""
     for blk in tl.range(tl.program_id(0).to(tl.int64), tl.cdiv(M, BLOCK_M), tl.num_programs(0), num_stages=STAGES):
         rows, cols = row_offsets(blk, BLOCK_M, BLOCK_N)
         mask = (rows[:, None] < M) & (cols[None, :] < N)
         # load x (masked lanes -inf: they drop out of max and sum)
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf"))
         x = x.to(tl.float32)
+        if TAIL > 0:
+            cols_t, mask_t = tail_offsets(rows, M, N, BLOCK_N, TAIL)
+            x_t = tl.load(x_ptr + rows[:, None] * stride_x + cols_t[None, :], mask=mask_t, other=float("-inf"))
+            x_t = x_t.to(tl.float32)
         # reduce: row max, then row sum of exp(x - max)
         m = tl.max(x, axis=1)
+        if TAIL > 0:
+            m = tl.maximum(m, tl.max(x_t, axis=1))
         shift = tl.where(m == float("-inf"), 0.0, m)[:, None]
         s = tl.sum(tl.exp(x - shift), axis=1)[:, None]
+        if TAIL > 0:
+            s += tl.sum(tl.exp(x_t - shift), axis=1)[:, None]
         # normalize and store y
         y = _normalize(x, shift, s, LOG)
         tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        if TAIL > 0:
+            y_t = _normalize(x_t, shift, s, LOG)
+            tl.store(y_ptr + rows[:, None] * stride_y + cols_t[None, :], y_t.to(y_ptr.dtype.element_ty), mask=mask_t)
 
 
 @triton.jit
@@ -151,21 +163,31 @@ def _softmax_bwd_kernel(
     y_ptr, dy_ptr, dx_ptr,
     stride_y, stride_dy, stride_dx,
     M, N,
-    LOG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    LOG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Blocks of BLOCK_M whole rows (one block per program as launched): y and dy read once, dx
-    written once."""
+    written once. TAIL > 0: rows split into BLOCK_N columns and a masked tail, as in the forward."""
     for blk in tl.range(tl.program_id(0).to(tl.int64), tl.cdiv(M, BLOCK_M), tl.num_programs(0), num_stages=STAGES):
         rows, cols = row_offsets(blk, BLOCK_M, BLOCK_N)
         mask = (rows[:, None] < M) & (cols[None, :] < N)
         # load y and dy
         y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if TAIL > 0:
+            cols_t, mask_t = tail_offsets(rows, M, N, BLOCK_N, TAIL)
+            y_t = tl.load(y_ptr + rows[:, None] * stride_y + cols_t[None, :], mask=mask_t, other=0.0).to(tl.float32)
+            dy_t = tl.load(dy_ptr + rows[:, None] * stride_dy + cols_t[None, :], mask=mask_t, other=0.0).to(tl.float32)
         # reduce: sum(dy * y) or sum(dy)
         acc = tl.sum(_grad_term(y, dy, LOG), axis=1)[:, None]
+        if TAIL > 0:
+            acc += tl.sum(_grad_term(y_t, dy_t, LOG), axis=1)[:, None]
         # store dx
         dx = _grad(y, dy, acc, LOG)
         tl.store(dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if TAIL > 0:
+            dx_t = _grad(y_t, dy_t, acc, LOG)
+            tl.store(dx_ptr + rows[:, None] * stride_dx + cols_t[None, :], dx_t.to(dx_ptr.dtype.element_ty),
+                     mask=mask_t)
 
 
 @triton.jit
@@ -273,13 +295,13 @@ def _softmax_bwd_team_kernel(
 
 # --------------------------------------------------------------------------- launchers
 @functools.lru_cache(maxsize=1024)
-def _one_pass_launch(kernel, m: int, n: int, log: bool, tile, per_thread) -> tuple:
+def _one_pass_launch(kernel, m: int, n: int, log: bool, tile, per_thread, split: bool) -> tuple:
     """(grid, prepared launch) of the one-pass forward or backward ``kernel`` (cached per call
-    shape; ``tile`` and ``per_thread`` are ``row_tile``'s overrides in force)."""
-    block_m, block_n, warps = _common.row_tile(m, n, tile=tile, per_thread=per_thread)
-    grid = (_common.tile_grid(m, block_m, warps, None),)
-    return grid, _common.prepared(kernel, LOG=log, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=_common.ONE_PASS_STAGES,
-                                  num_warps=warps)
+    shape; ``tile``, ``per_thread`` and ``split`` are ``row_tile``'s settings in force)."""
+    t = _common.row_tile(m, n, tile=tile, per_thread=per_thread, split=split)
+    grid = (_common.tile_grid(m, t.block_m, t.warps, None),)
+    return grid, _common.prepared(kernel, LOG=log, BLOCK_M=t.block_m, BLOCK_N=t.block_n, TAIL=t.tail,
+                                  STAGES=_common.ONE_PASS_STAGES, num_warps=t.warps)
 
 
 def _softmax_forward(x: torch.Tensor, log: bool) -> torch.Tensor:
@@ -292,7 +314,8 @@ def _softmax_forward(x: torch.Tensor, log: bool) -> torch.Tensor:
         return y
     (x2, stride_x), m = _common.row_view(x, n), numel // n
     if n <= _common.MAX_FUSED:
-        grid, launch = _one_pass_launch(_softmax_fwd_kernel, m, n, log, _common.ROW_TILE, _common.ROW_PER_THREAD)
+        grid, launch = _one_pass_launch(_softmax_fwd_kernel, m, n, log, _common.ROW_TILE, _common.ROW_PER_THREAD,
+                                        _common.SPLIT_ROWS)
         launch(grid, x2, y, stride_x, n, m, n)
         return y
     if (p := teams.plan(m, n, x.device, teams.FWD_CHUNK, teams.FWD_WARPS, teams.FWD_PER_SM)) is not None:
@@ -321,7 +344,7 @@ def _softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool) -> torch.Ten
     (y2, stride_y), (dy2, stride_dy), m = _common.row_view(y, n), _common.row_view(dy, n), numel // n
     if n <= _common.MAX_FUSED:
         grid, launch = _one_pass_launch(_softmax_bwd_kernel, m, n, log, BWD_TILE or _common.ROW_TILE,
-                                        BWD_PER_THREAD or _common.ROW_PER_THREAD)
+                                        BWD_PER_THREAD or _common.ROW_PER_THREAD, _common.SPLIT_ROWS)
         launch(grid, y2, dy2, dx, stride_y, stride_dy, n, m, n)
         return dx
     if (not log or TEAM_BACKWARD_LOG) and (

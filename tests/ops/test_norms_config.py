@@ -2,7 +2,8 @@
 widths models use: values and gradients of x, weight and bias against float64 PyTorch.
 
 Every setting a tuning run may pick must be correct at every width class: non-powers of two that
-waste lanes of a power-of-two tile (768, 2880, 5120, 7168), the long-row backward (12288: a stats
+waste lanes of a power-of-two tile (768, 2880, 5120, 7168; held as a head and a tail where that
+wastes fewer, or as one tile), the long-row backward (12288: a stats
 kernel, then column tiles), several rows per program (narrow rows, few programs), the weight
 gradients summed by atomics with the last program finishing them.
 """
@@ -27,6 +28,10 @@ CONFIGS = {
     # path (teams on a GPU, the looped kernel under the interpreter)
     "forward: no register cap, long rows past 4096": norms.NormConfig(fwd_reg_cap=0, fwd_one_pass_max=4096),
     "forward: looped kernel past 4096": norms.NormConfig(fwd_one_pass_max=4096, fwd_teams=False),
+    # rows of non-power-of-two widths as one power-of-two tile instead of a head and a tail
+    "one tile (rows not split)": norms.NormConfig(fwd_split=False, bwd_split=False),
+    "forward: looped kernel past 4096, 1024-element chunks, 4 warps":
+        norms.NormConfig(fwd_one_pass_max=4096, fwd_teams=False, fwd_loop_chunk=1024, fwd_loop_warps=4),
 }
 #: (rows, width): model widths with an odd number of rows (rows per program do not divide evenly)
 SHAPES = [(37, 768), (9, 2880), (5, 5120), (7, 7168), (3, 12288)]
@@ -65,6 +70,23 @@ def test_float16_and_partial_grads(label):
     check(config, False, (5, 768), weight=True, bias="no grad")   # dw only
     check(config, False, (5, 768), weight=None, bias=None)        # dx only
     check(config, True, (4, 5120), weight="no grad")
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_looped_forward_merges_its_lanes_exactly(rms):
+    """The looped forward keeps a running mean and M2 per lane and merges the lanes at the end:
+    rows whose last chunk is partial (lanes that saw one value fewer), a row shorter than one
+    chunk, and rows far from zero (100 + noise: a sum of squares minus the squared mean would
+    lose three digits of the variance in float32) against float64."""
+    config = norms.NormConfig(fwd_one_pass_max=16, fwd_teams=False, fwd_loop_chunk=256, fwd_loop_warps=2)
+    ops = norms.configured(config)
+    for n in (100, 256, 257, 700, 1280):
+        x = torch.randn(3, n, generator=torch.Generator().manual_seed(n)) + (0.0 if rms else 100.0)
+        w = torch.rand(n, generator=torch.Generator().manual_seed(n + 1)) + 0.5
+        y = ops.rms_norm(x, (n,), w, 1e-6) if rms else ops.layer_norm(x, (n,), w, None, 1e-5)
+        xd, wd = x.double(), w.double()
+        ref = F.rms_norm(xd, (n,), wd, 1e-6) if rms else F.layer_norm(xd, (n,), wd, None, 1e-5)
+        assert_close(y, ref, torch.float32, f"looped forward, {n} columns")
 
 
 def test_atomic_workspace_is_left_zero_and_reused():

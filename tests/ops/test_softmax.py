@@ -94,3 +94,34 @@ def test_dtype_argument_and_errors(name):
 def test_float64_runs_reference():
     x = torch.randn(3, 5, dtype=torch.float64)
     assert torch.equal(K.softmax(x, -1), torch.softmax(x, -1))
+
+
+# model widths that are not powers of two: one-pass rows held as a head and a masked tail
+# (``_common.row_tile``), with the split on and off; special values in the tail
+@pytest.mark.parametrize("split", [True, False], ids=["split", "one tile"])
+@pytest.mark.parametrize("name", OPS)
+def test_split_rows_at_model_widths(name, split, monkeypatch):
+    from kernelab.ops import _common
+
+    monkeypatch.setattr(_common, "SPLIT_ROWS", split)
+    for n in (1536, 2880, 5120, 6144, 12288):
+        check(name, randn((3, n), torch.float32, scale=3.0))
+    x = randn((3, 5120), torch.float32, grad=False).clone()
+    x[0, 5000] = float("-inf")     # in the tail
+    x[1, 4096:] = float("-inf")    # the whole tail
+    x[2, 4200] = float("nan")
+    check(name, x)
+
+
+def test_row_tile_splits_only_where_it_idles_fewer_lanes():
+    from kernelab.ops import _common
+
+    def split(n):
+        t = _common.row_tile(1024, n, split=True)
+        return t.block_n, t.tail
+
+    assert split(5120) == (4096, 1024) and split(12288) == (8192, 4096) and split(2880) == (2048, 1024)
+    assert split(6144) == (4096, 2048) and split(4097) == (4096, 1)
+    assert split(7168) == (8192, 0) and split(4096) == (4096, 0) and split(768) == (1024, 0)  # no gain; short rows
+    assert _common.row_tile(1024, 5120, split=False).tail == 0
+    assert _common.row_tile(1024, 5120, split=True).warps == _common.row_tile(1024, 4096).warps  # the head's
