@@ -497,6 +497,28 @@ def test_fused_lm_head_refused_where_the_forward_does_more():
     assert [s.op for s in report.swapped if s.kind == "loss"] == ["cross_entropy (causal LM: labels shifted)"]
 
 
+def test_fused_lm_head_refused_for_soft_capped_logits():
+    """Gemma-2 caps its logits (30 * tanh(z / 30)) before the loss. At a freshly built model's
+    small logits the cap is the identity to ~1e-4, and a probe at those weights alone swapped the
+    head: a loss without the cap, silently (found 2026-12-05). The probe's second run at 64x the
+    head's weight refuses it; the plain loss patch (on the capped logits) still applies."""
+    cfg = transformers.Gemma2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64,
+                                    final_logit_softcapping=30.0)
+    cfg._attn_implementation = "eager"  # (no SDPA path in Gemma-2's modeling)
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(cfg).train()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "labels": ids.clone()}
+    weight = model.get_output_embeddings().weight.detach().clone()
+    ref_loss, ref_grads = _step(model, inputs)
+    report = kernelab.patch(model, fused_lm_head=True)
+    assert any(s.kind == "loss" and "fused LM head: fused loss differs" in s.reason for s in report.skipped)
+    assert [s.op for s in report.swapped if s.kind == "loss"] == ["cross_entropy (causal LM: labels shifted)"]
+    assert torch.equal(model.get_output_embeddings().weight, weight)  # the probe's scaling undone exactly
+    _assert_same_step(*_step(model, inputs), ref_loss, ref_grads)
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen2"])
 def test_fused_mlp_equals_unpatched_and_runs_the_dual_gemm(name, monkeypatch):
     model, inputs = _build(name)

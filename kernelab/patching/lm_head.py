@@ -13,9 +13,12 @@ forward runs. Memory: eager holds the bf16 logits, their float32 copy and the gr
 A candidate is a model whose forward takes ``labels`` and calls ``self.loss_function``, with an
 ``nn.Linear`` output embedding and a base model. It is swapped only when a probe agrees: the
 original forward and the new one on the same 8 tokens (model in eval mode for the probe, on its
-own device and dtype) give the same loss within the dtype's tolerance. A model whose forward does
-more (Gemma-2's logit soft-capping, Cohere's logit scale, Mixtral's router loss) fails the probe
-and keeps its forward (its loss function is then swapped as without this option).
+own device and dtype) give the same loss within the dtype's tolerance, once at the model's weights
+and once with the head's weight scaled by 64 (large logits). A model whose forward does more
+(Gemma-2's logit soft-capping, Cohere's logit scale, Granite's logit scaling, Mixtral's router
+loss) fails the probe and keeps its forward (its loss function is then swapped as without this
+option). The soft-capping is why the second run exists: at a freshly built model's small logits
+it changed the loss by less than the tolerance, and the head was swapped (found 2026-12-05).
 """
 
 from __future__ import annotations
@@ -82,23 +85,38 @@ def _refusal(model) -> str | None:
     return None
 
 
+#: The probe's second run multiplies the head's weight by this (a power of two: undone exactly).
+#: At a random model's small logits a soft-capping ``c * tanh(z / c)`` (Gemma-2) is the identity
+#: to ~1e-4 and passed a probe at the weights as they were; at 64x the logits it is not.
+PROBE_LOGIT_SCALE = 64.0
+
+
 def _probe_error(model, forward) -> float:
-    """Relative difference of the two forwards' losses on 8 tokens (eval mode, no grad)."""
+    """Largest relative difference of the two forwards' losses on 8 tokens (eval mode, no grad):
+    at the model's weights, and with the head's weight scaled by PROBE_LOGIT_SCALE (large logits,
+    where what else the original forward does to them shows)."""
     head = model.get_output_embeddings()
     ids = torch.randint(0, head.out_features, (1, 8), generator=torch.Generator().manual_seed(0)).to(head.weight.device)
     labels = ids.clone()
     labels[0, 3] = IGNORE_INDEX
     was_training = model.training
+    errors = []
     try:
         model.eval()
         with torch.no_grad():
-            ref = type(model).forward(model, input_ids=ids, labels=labels).loss
-            ours = forward(model, input_ids=ids, labels=labels).loss
+            for scale in (1.0, PROBE_LOGIT_SCALE):
+                head.weight.mul_(scale)
+                try:
+                    ref = type(model).forward(model, input_ids=ids, labels=labels).loss
+                    ours = forward(model, input_ids=ids, labels=labels).loss
+                finally:
+                    head.weight.div_(scale)
+                if not bool(torch.isfinite(ours)):
+                    return math.inf
+                errors.append(float((ours.float() - ref.float()).abs() / ref.float().abs().clamp_min(1e-30)))
     finally:
         model.train(was_training)
-    if not bool(torch.isfinite(ours)):
-        return math.inf
-    return float((ours.float() - ref.float()).abs() / ref.float().abs().clamp_min(1e-30))
+    return max(errors)
 
 
 def plan(path: str, model):
