@@ -8,8 +8,10 @@
               dw = sum over rows of dy * xhat,   db = sum over rows of dy
 
 Traffic, in passes over one [M, N] tensor: forward reads x, writes y (2), plus mean and rstd (8
-bytes a row). Backward reads x and dy, writes dx (3), plus per-program partial sums of dw and db
-(one float per column per program, a few % at most) that torch sums. Rows longer than MAX_FUSED:
+bytes a row). One-pass kernels hold a row of a non-power-of-two width as a head and a masked tail
+(``_common.row_tile``: 5120 = 4096 + 1024 lanes instead of 8192). Backward reads x and dy, writes
+dx (3), plus per-program partial sums of dw and db (one float per column per program, a few % at
+most) that torch sums. Rows longer than MAX_FUSED:
 the forward splits each row across a team of programs that exchange (mean, M2) through a GPU
 barrier (``teams.py``; x read once; the interpreter loops over chunks and takes a second,
 reversed pass over x, partly served by L2); the backward of rows longer than MAX_FUSED_BWD first

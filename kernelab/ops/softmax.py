@@ -8,7 +8,9 @@
 
 Traffic, in passes over one [M, N] tensor: forward reads x and writes y (2), backward reads y and
 dy and writes dx (3). Rows of up to MAX_FUSED elements are held in registers, so that is exactly
-what moves. Longer rows are split across a team of programs (``teams.py``): each member holds
+what moves (a row of a non-power-of-two width as two power-of-two parts, a head and a masked
+tail, where that idles fewer lanes than one tile: ``_common.row_tile``). Longer rows are split
+across a team of programs (``teams.py``): each member holds
 8192 columns and the team exchanges (max, sum of exp) (backward: its sum) through a GPU barrier,
 so the traffic stays 2 and 3 passes. Measured on the H200 (bf16, kernels' GPU time,
 ``results/ops_tune7_h200.csv``): 3.05 TB/s forward at 2048x262144, 3.11 at 4096x65536, where the
