@@ -106,6 +106,7 @@ def test_split_rows_at_model_widths(name, split, monkeypatch):
     monkeypatch.setattr(_common, "SPLIT_ROWS", split)
     for n in (1536, 2880, 5120, 6144, 12288):
         check(name, randn((3, n), torch.float32, scale=3.0))
+    check(name, randn((2, 2880), torch.float16, scale=3.0))
     x = randn((3, 5120), torch.float32, grad=False).clone()
     x[0, 5000] = float("-inf")     # in the tail
     x[1, 4096:] = float("-inf")    # the whole tail
