@@ -77,7 +77,12 @@ def tune_variants() -> list:
 
     # softmax rows of non-power-of-two widths as one power-of-two tile, against the default's head
     # and tail (``_common.SPLIT_ROWS``); the norms' are in benchmarks/norm_tune.py ("one tile")
+    # (results/ops_tune_split_stop28_h200.csv: the split won 12 of 20 cases, lost the forward at
+    # 5120 by 4-11 %, where its head of 4096 runs 8 warps: 32 elements a thread, 4 warps, next)
     one_tile = ("one tile (rows not split)", {"_common.SPLIT_ROWS": False})
+    wide = ("split, 32 a thread", {"_common.ROW_PER_THREAD": 32})
+    for op in ("softmax", "log_softmax"):
+        group(op, (16384, 5120), False, [one_tile, wide])
     for shape in ((16384, 5120), (32768, 2880), (4096, 12288), (8192, 6144), (16384, 2560)):
         for op in ("softmax", "log_softmax"):
             for backward in (False, True):

@@ -72,7 +72,7 @@ class NormConfig:
     last bits of dw and db, varies from run to run); ``bwd_max_fused``: the longest row the one-pass
     backward holds (longer rows: a stats kernel, then column tiles; x and dy read twice);
     ``bwd_split``: whole rows of a non-power-of-two width held as a head and a tail (not with
-    ``bwd_atomic``).
+    ``bwd_atomic``; None: rms_norm's always, layer_norm's up to LN_BWD_SPLIT_MAX columns).
     """
 
     fwd_tile: Optional[int] = None
@@ -91,7 +91,7 @@ class NormConfig:
     bwd_atomic: bool = False
     bwd_max_fused: int = 8192
     bwd_one_wave: bool = True
-    bwd_split: bool = _common.SPLIT_ROWS
+    bwd_split: Optional[bool] = None
 
 
 DEFAULT = NormConfig()
@@ -556,11 +556,26 @@ class _BwdTile(NamedTuple):
 LONG_BWD_TILE = 4096
 
 
+#: layer_norm's backward splits rows (a head and a tail) only up to this many columns. Measured on
+#: the H200 (bf16 fwd+bwd, GPU time, results/norm_tune_split_stop28_h200.csv): split against one
+#: tile, layer_norm 2880 0.252 vs 0.267 ms, 5120 0.289 vs 0.263, 6144 0.161 vs 0.152 (its head of
+#: 4096 takes 8 warps and 96 registers); rms_norm 2880 0.247 vs 0.252, 5120 0.220 vs 0.239, 6144
+#: 0.138 vs 0.143 (split at every width).
+LN_BWD_SPLIT_MAX = 4096
+
+
+def _bwd_split(n: int, rms: bool, config: NormConfig) -> bool:
+    """Whether the one-pass backward holds rows of ``n`` columns as a head and a tail."""
+    if config.bwd_split is not None:
+        return config.bwd_split and not config.bwd_atomic
+    return (rms or n <= LN_BWD_SPLIT_MAX) and not config.bwd_atomic
+
+
 @functools.lru_cache(maxsize=1024)
-def _bwd_tile(m: int, n: int, config: NormConfig) -> _BwdTile:
+def _bwd_tile(m: int, n: int, rms: bool, config: NormConfig) -> _BwdTile:
     if n <= config.bwd_max_fused:
         t = _common.row_tile(m, n, max_fused=config.bwd_max_fused, tile=config.bwd_tile,
-                             per_thread=config.bwd_per_thread, split=config.bwd_split and not config.bwd_atomic)
+                             per_thread=config.bwd_per_thread, split=_bwd_split(n, rms, config))
         return _BwdTile(t.block_m, t.block_n, t.warps, 1, t.tail)
     return _BwdTile(1, LONG_BWD_TILE, 8, _common.cdiv(n, LONG_BWD_TILE))
 
@@ -628,7 +643,7 @@ def _bwd_plan(key: tuple, config: NormConfig, pointers: tuple, strides: tuple) -
     its pointer arguments (stand-ins of the right types where the real ones depend on the grid),
     ``strides`` x's and dy's row strides."""
     m, n, rms, has_w, need_dw, need_db, _, _, _, device = key
-    tile = _bwd_tile(m, n, config)
+    tile = _bwd_tile(m, n, rms, config)
     constexprs = dict(RMS=rms, HAS_W=has_w, NEED_DW=need_dw, NEED_DB=need_db, ROW_IN_TILE=tile.col_blocks == 1,
                       HOLD_W=config.bwd_hold_w, ATOMIC=config.bwd_atomic and (need_dw or need_db),
                       BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, TAIL=tile.tail, STAGES=config.bwd_stages)

@@ -182,12 +182,12 @@ def norm_table(widths=None) -> int:
                         failures += 1
                         continue
                     per_sm = _common.occupancy(r["regs"], r["shared"], warps)
-                    block_n = kwargs.get("BLOCK_N", 0)
+                    block_n = kwargs.get("BLOCK_N", 0) + kwargs.get("TAIL", 0)  # a split row's head and tail
                     idle = 100 * (1 - n / block_n) if block_n and block_n >= n else 0
                     extra = ""
                     if name == "_norm_bwd_kernel":
                         cfg = config or norms.DEFAULT
-                        tile = norms._bwd_tile(m, n, cfg)
+                        tile = norms._bwd_tile(m, n, rms, cfg)
                         per = cfg.bwd_programs_per_sm
                         per = per_sm if per is None else min(per, per_sm) if cfg.bwd_one_wave else per
                         programs, _ = norms._bwd_rows(m, tile.block_m, per * 132 // tile.col_blocks)
