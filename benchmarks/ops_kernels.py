@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The device kernels one benchmark step launches, per provider, with their GPU times.
 
-    python benchmarks/ops_kernels.py OUT_DIR add_relu:16384x16384:fwd+bwd [softmax:32768x4096:fwd ...]
+    python benchmarks/ops_kernels.py OUT_DIR add_relu:16384x16384:fwd+bwd [softmax:32768x4096:fwd ...] [--host] [--code]
 
 For each case and each provider (kernelab, eager, compile, liger where it has the op): the step the
 benchmark times (the forward, or the forward then ``torch.autograd.grad``) is run under
@@ -96,12 +96,25 @@ def host_profile(fn, step, step_args, grad_of, calls: int = 20) -> str:
     return "\n".join(lines)
 
 
+def write_inductor_code(step, step_args, path: Path) -> None:
+    """Inductor's generated source (wrapper and Triton kernels with their launch heuristics) for one
+    call of ``step``, compiled afresh."""
+    import torch
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    _, sources = run_and_get_code(step, *step_args)
+    path.write_text("\n\n# ----- next source\n\n".join(sources))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
     p.add_argument("cases", nargs="+", type=parse_case)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--host", action="store_true", help="cProfile kernelab's step and print its top functions")
+    p.add_argument("--code", action="store_true",
+                   help="write the Triton source torch.compile generates for each case to OUT_DIR/<case>_inductor.py")
     args = p.parse_args()
 
     import torch
@@ -151,6 +164,8 @@ def main() -> int:
             times = step_times(step, step_args)
             for label, us in times.items():
                 table.add_row(name, label, "", "", f"{us:.1f}" if isinstance(us, float) else str(us))
+            if args.code and name == "compile":
+                write_inductor_code(step, step_args, args.out / f"{case.label.replace(' ', '_')}_inductor.py")
             if args.host and name in ("kernelab", "liger"):
                 console.print(f"--- host profile: {case.label}, {name}", markup=False)
                 console.print(host_profile(fn, step, step_args, inputs.grad_of if backward else []), markup=False)
