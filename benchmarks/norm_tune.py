@@ -90,7 +90,15 @@ def _all_settings(backward: bool) -> dict:
                 "fwd looped 2048 x 4w": NormConfig(fwd_one_pass_max=8192, fwd_teams=False, fwd_loop_warps=4),
                 "fwd looped 4096 x 8w": NormConfig(fwd_one_pass_max=8192, fwd_teams=False, fwd_loop_chunk=4096),
                 "fwd looped 4096 x 16w": NormConfig(fwd_one_pass_max=8192, fwd_teams=False, fwd_loop_chunk=4096,
-                                                    fwd_loop_warps=16)}
+                                                    fwd_loop_warps=16),
+                # (results/norm_tune_split_stop28_h200.csv: the three above lost to the one-pass kernel
+                # at 12288-16384; Inductor's looped reductions run one pipeline stage)
+                "fwd looped 2048 x 8w, 1 stage": NormConfig(fwd_one_pass_max=8192, fwd_teams=False,
+                                                            fwd_loop_stages=1),
+                "fwd looped 2048 x 16w, 1 stage": NormConfig(fwd_one_pass_max=8192, fwd_teams=False,
+                                                             fwd_loop_warps=16, fwd_loop_stages=1),
+                "fwd looped 4096 x 16w, 1 stage": NormConfig(fwd_one_pass_max=8192, fwd_teams=False,
+                                                             fwd_loop_chunk=4096, fwd_loop_warps=16, fwd_loop_stages=1)}
     return {
         # DEFAULT: as many programs as the compiled kernel keeps resident, two row blocks in flight
         # per program (3 stages): the best setting at 7 of 8 shapes in results/norm_tune_graph_h200.csv

@@ -54,7 +54,8 @@ class NormConfig:
     registers a thread (0: no cap; None: LONG_ROW_MAXNREG for layer_norm's 16384-element tiles);
     ``fwd_one_pass_max`` the longest row one program holds (longer rows: teams, or with
     ``fwd_teams=False`` the looped kernel, which re-reads each row from L2; None: FWD_ONE_PASS_MAX);
-    the looped kernel's chunk ``fwd_loop_chunk`` (elements of a row a step) and ``fwd_loop_warps``;
+    the looped kernel's chunk ``fwd_loop_chunk`` (elements of a row a step), ``fwd_loop_warps`` and
+    ``fwd_loop_stages`` (its loops' software pipelining; None: Triton's default);
     ``fwd_split``: a row of a non-power-of-two width held as a head and a tail (``_common.row_tile``).
 
     Backward (DEFAULT: as many programs as one wave holds, three pipeline stages; the best of five
@@ -82,6 +83,7 @@ class NormConfig:
     fwd_teams: bool = True
     fwd_loop_chunk: int = 2048
     fwd_loop_warps: int = 8
+    fwd_loop_stages: Optional[int] = None
     fwd_split: bool = _common.SPLIT_ROWS
     bwd_programs_per_sm: Optional[int] = None
     bwd_tile: int = 2048
@@ -536,6 +538,7 @@ def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, 
             x2, w, b, y, mean, rstd, stride_x, n, m, n, eps,
             RMS=rms, HAS_W=w is not None, HAS_B=b is not None, BLOCK_N=config.fwd_loop_chunk,
             num_warps=config.fwd_loop_warps,
+            **({} if config.fwd_loop_stages is None else {"num_stages": config.fwd_loop_stages}),
         )
     return y, mean, rstd
 

@@ -31,7 +31,8 @@ CONFIGS = {
     # rows of non-power-of-two widths as one power-of-two tile instead of a head and a tail
     "one tile (rows not split)": norms.NormConfig(fwd_split=False, bwd_split=False),
     "forward: looped kernel past 4096, 1024-element chunks, 4 warps":
-        norms.NormConfig(fwd_one_pass_max=4096, fwd_teams=False, fwd_loop_chunk=1024, fwd_loop_warps=4),
+        norms.NormConfig(fwd_one_pass_max=4096, fwd_teams=False, fwd_loop_chunk=1024, fwd_loop_warps=4,
+                         fwd_loop_stages=1),
 }
 #: (rows, width): model widths with an odd number of rows (rows per program do not divide evenly)
 SHAPES = [(37, 768), (9, 2880), (5, 5120), (7, 7168), (3, 12288)]
