@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # One device call that checks the last changes on the GPU (about 8 minutes on an H200):
-#   1. the norms at non-power-of-two and long widths (benchmarks/norm_tune.py): the default (rows
-#      held as a head and a tail; the per-lane looped forward as a setting) against one tile and
-#      the looped forward's chunk / warps settings, next to eager, torch.compile and Liger;
-#      every setting checked against float64 first;
-#   2. softmax / log_softmax with rows split or as one tile (bench_ops.py --tune-s, GPU time);
-#   3. the causal-LM training step (benchmarks/e2e_train.py): eager, kernelab.patch, Liger, compile.
+#   1. the model grid of every op (benchmarks/bench_ops.py --grid model --graph) with today's
+#      kernels (rows of non-power-of-two widths split into a head and a tail), against eager,
+#      torch.compile and Liger; its plots are redrawn here from the CSV
+#      (python -m kernelab.bench.report OUT/grid/ops_bench.csv DIR): the device returns 8 files;
+#   2. the norms' forward at 12288-16384, where torch.compile's looped kernel leads: our looped
+#      forward at one pipeline stage and 16 warps (benchmarks/norm_tune.py), and torch.compile's
+#      generated source for those shapes (benchmarks/ops_kernels.py --code);
+#   3. softmax / log_softmax at 5120 with 32 elements a thread (bench_ops.py --tune-s).
 # Carry the Liger wheel (.whl) and install it into /tmp/site first (the device README).
-# Everything lands under $OUT (default ./out).
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-timeout 290 python3 benchmarks/norm_tune.py "$OUT/nt" --budget-s 240 --widths 2880 5120 6144 12288 16384 \
-    --settings "fwd one tile" "fwd looped past 8192" "fwd looped 1024 x 4w" "fwd looped 4096 x 8w" "bwd one tile" \
-    > "$OUT/norm_tune.log" 2>&1
-echo "norm_tune rc=$?"; grep -E "checks|wrong|error|skipped" "$OUT/norm_tune.log" | head -5
-tail -24 "$OUT/norm_tune.log" | cut -c1-230
-timeout 100 python3 benchmarks/bench_ops.py "$OUT/tune" --tune-s 75 --timer kernels > "$OUT/tune.log" 2>&1
-echo "tune rc=$?"; tail -24 "$OUT/tune.log" | cut -c1-160
-timeout 170 python3 benchmarks/e2e_train.py "$OUT/e2e" --budget-s 120 > "$OUT/e2e.log" 2>&1
-echo "e2e rc=$?"; tail -16 "$OUT/e2e.log" | cut -c1-200
+timeout 300 python3 benchmarks/bench_ops.py "$OUT/grid" --grid model --graph --budget-s 250 > "$OUT/grid.log" 2>&1
+echo "grid rc=$?"; rm -f "$OUT"/grid/*.png "$OUT"/grid/ops_checks.csv; grep -E "checks|total" "$OUT/grid.log" | head -4
+tail -22 "$OUT/grid.log" | cut -c1-150
+timeout 120 python3 benchmarks/norm_tune.py "$OUT/nt" --budget-s 90 --passes fwd --widths 12288 16384 --workers 4 \
+    --settings "fwd looped past 8192" "fwd looped 2048 x 8w, 1 stage" "fwd looped 2048 x 16w, 1 stage" \
+    "fwd looped 4096 x 16w" "fwd looped 4096 x 16w, 1 stage" > "$OUT/norm_tune.log" 2>&1
+echo "norm_tune rc=$?"; tail -8 "$OUT/norm_tune.log" | cut -c1-200
+timeout 90 python3 benchmarks/ops_kernels.py "$OUT/k" layer_norm:4096x12288:fwd rms_norm:4096x16384:fwd --code \
+    > "$OUT/kernels.log" 2>&1
+echo "ops_kernels rc=$?"; grep -E "triton_|total|_kernel" "$OUT/kernels.log" | cut -c1-140 | head -20
+timeout 60 python3 benchmarks/bench_ops.py "$OUT/tune" --tune-s 25 --timer kernels > "$OUT/tune.log" 2>&1
+echo "tune rc=$?"; grep -A10 "launch-setting" "$OUT/tune.log" | cut -c1-150
