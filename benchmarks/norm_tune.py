@@ -113,6 +113,14 @@ def _all_settings(backward: bool) -> dict:
         "resident w held": NormConfig(bwd_hold_w=True),
         # rows of non-power-of-two widths as one power-of-two tile (before _common.SPLIT_ROWS)
         "bwd one tile": NormConfig(bwd_split=False),
+        # rows past 8192 in one kernel that re-reads them from L2 (x, dy from DRAM once), instead
+        # of a stats kernel and column tiles (x, dy read twice): rows a block, chunk, warps
+        # (at most 2 programs an SM by default: each holds an [N] float32 partial row of dw and db)
+        "bwd long one kernel": NormConfig(bwd_long_one_kernel=True),
+        "bwd long one kernel, 4 per SM": NormConfig(bwd_long_one_kernel=True, bwd_long_per_sm=4),
+        "bwd long one kernel, 2 rows": NormConfig(bwd_long_one_kernel=True, bwd_long_rows=2),
+        "bwd long one kernel, 4096 x 16w": NormConfig(bwd_long_one_kernel=True, bwd_long_chunk=4096,
+                                                      bwd_long_warps=16),
         # "atomic" (dw, db by atomics finished by the last program) measured wrong on the H200 for
         # layer_norm (norm_tune_h200.log): refused on GPUs (norms._refuse_on_gpu), left out here
     }

@@ -73,7 +73,12 @@ class NormConfig:
     last bits of dw and db, varies from run to run); ``bwd_max_fused``: the longest row the one-pass
     backward holds (longer rows: a stats kernel, then column tiles; x and dy read twice);
     ``bwd_split``: whole rows of a non-power-of-two width held as a head and a tail (not with
-    ``bwd_atomic``; None: rms_norm's always, layer_norm's up to LN_BWD_SPLIT_MAX columns).
+    ``bwd_atomic``; None: rms_norm's always, layer_norm's up to LN_BWD_SPLIT_MAX columns);
+    ``bwd_long_one_kernel``: rows longer than ``bwd_max_fused`` in one kernel that re-reads each
+    row from L2 (``_norm_bwd_long_kernel``: ``bwd_long_rows`` rows at a time in
+    ``bwd_long_chunk``-column chunks, ``bwd_long_warps``, at most ``bwd_long_per_sm`` programs an SM:
+    each program's [N] float32 partial rows of dw and db must stay in L2 beside its rows; None: as
+    many as the SM holds) instead of a stats kernel and column tiles.
     """
 
     fwd_tile: Optional[int] = None
@@ -94,6 +99,11 @@ class NormConfig:
     bwd_max_fused: int = 8192
     bwd_one_wave: bool = True
     bwd_split: Optional[bool] = None
+    bwd_long_one_kernel: bool = False
+    bwd_long_rows: int = 1
+    bwd_long_chunk: int = 2048
+    bwd_long_warps: int = 8
+    bwd_long_per_sm: Optional[int] = 2
 
 
 DEFAULT = NormConfig()
@@ -420,6 +430,79 @@ def _norm_bwd_kernel(
 
 
 @triton.jit
+def _add_to_partial(ptr, idx, ok, value, fresh):
+    """partial[idx] += value, or = value where ``fresh`` (the program's first row block): the
+    program's own row of a [programs, N] float32 buffer, so no other program touches it."""
+    prev = tl.load(ptr + idx, mask=ok & (fresh == 0), other=0.0)
+    tl.store(ptr + idx, prev + value, mask=ok)
+
+
+@triton.jit
+def _norm_bwd_long_kernel(
+    x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,
+    stride_x, stride_dy, stride_dx,
+    M, N,
+    rows_per_program,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Long rows' backward in one kernel, x and dy read from DRAM once: each program takes
+    ``rows_per_program`` rows, BLOCK_M at a time, in two passes over BLOCK_N-column chunks.
+
+    Pass 1 reads x and dy (kept in L2: evict-last) into per-lane sums of g * xhat and g, reduced
+    once into c1 and c2. Pass 2 re-reads them newest chunk first (L2 hits), writes dx and adds the
+    block's column sums of dy * xhat and dy into the program's own row of the [programs, N]
+    float32 buffers ``dw_ptr`` / ``db_ptr`` (read-modify-write of a row that stays in L2), which a
+    second kernel sums. DRAM traffic: x, dy once, dx once, plus the partial rows."""
+    pid = tl.program_id(0)
+    first = pid.to(tl.int64) * rows_per_program
+    last = tl.minimum(first + rows_per_program, M)
+    part = pid.to(tl.int64) * N
+    cols = tl.arange(0, BLOCK_N)
+    n_chunks = tl.cdiv(N, BLOCK_N)
+    for start in range(first, last, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_ok = rows < last
+        rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        mean = 0.0 if RMS else tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        # pass 1: c1 = sum(g * xhat) / N and c2 = sum(g) / N of each row, per lane then once across
+        acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for c in range(0, n_chunks):
+            idx = c * BLOCK_N + cols
+            ok = idx < N
+            mask = row_ok[:, None] & ok[None, :]
+            x = tl.load(x_ptr + rows[:, None] * stride_x + idx[None, :], mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            dy = tl.load(dy_ptr + rows[:, None] * stride_dy + idx[None, :], mask=mask, other=0.0,
+                         eviction_policy="evict_last").to(tl.float32)
+            xhat, g = _bwd_part(x, dy, _load_w(w_ptr, idx, ok, HAS_W), rstd, mean, mask, RMS, HAS_W)
+            acc1 += g * xhat
+            if not RMS:
+                acc2 += g
+        c1 = tl.sum(acc1, axis=1)[:, None] / N
+        c2 = 0.0 if RMS else tl.sum(acc2, axis=1)[:, None] / N
+        # pass 2: re-read newest chunk first (L2 hits), write dx, add the column sums
+        fresh = (start == first).to(tl.int32)
+        for c in range(0, n_chunks):
+            idx = (n_chunks - 1 - c) * BLOCK_N + cols
+            ok = idx < N
+            mask = row_ok[:, None] & ok[None, :]
+            x = tl.load(x_ptr + rows[:, None] * stride_x + idx[None, :], mask=mask, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_ptr + rows[:, None] * stride_dy + idx[None, :], mask=mask, other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)
+            xhat, g = _bwd_part(x, dy, _load_w(w_ptr, idx, ok, HAS_W), rstd, mean, mask, RMS, HAS_W)
+            dx = (g - xhat * c1 - c2) * rstd
+            tl.store(dx_ptr + rows[:, None] * stride_dx + idx[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            if NEED_DW:
+                _add_to_partial(dw_ptr + part, idx, ok, tl.sum(dy * xhat, axis=0), fresh)
+            if NEED_DB:
+                _add_to_partial(db_ptr + part, idx, ok, tl.sum(dy, axis=0), fresh)
+        tl.debug_barrier()  # this block's partial-row stores precede the next block's loads of them
+
+
+@triton.jit
 def _team_sizes(N, CHUNK: tl.constexpr, TEAM_P2: tl.constexpr):
     """Columns held by each member of a team (lanes past the team: <= 0)."""
     lanes = tl.arange(0, TEAM_P2)
@@ -608,6 +691,10 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
         db = torch.zeros((n if need_db else 0,), dtype=wdtype, device=x.device)
         return dx, dw, db
     (x2, stride_x), (dy2, stride_dy) = _common.row_view(x, n), _common.row_view(dy, n)
+    if n > config.bwd_max_fused and config.bwd_long_one_kernel and not config.bwd_atomic:
+        sums = _norm_backward_long(dx, x2, stride_x, dy2, stride_dy, weight, mean, rstd, m, n, rms, need_dw, need_db,
+                                   config)
+        return (dx, *_weight_grads(*sums, n, wdtype, x.device))
     c = None
     if n > config.bwd_max_fused:  # long rows: c1 and c2 first (one more read of x and dy), then column tiles
         c = _common.empty((m, 2), torch.float32, x.device)
@@ -639,6 +726,27 @@ def _norm_backward(dy, x, weight, mean, rstd, n: int, rms: bool, need_dw: bool, 
     if atomic:
         return dx, dw, db
     return (dx, *_weight_grads(sums[0], sums[1], n, wdtype, x.device))
+
+
+def _norm_backward_long(dx, x2, stride_x, dy2, stride_dy, weight, mean, rstd, m: int, n: int, rms: bool,
+                        need_dw: bool, need_db: bool, config: NormConfig):
+    """Long rows through ``_norm_bwd_long_kernel``, one wave of programs (as many as the compiled
+    kernel keeps resident, at most ``bwd_long_per_sm`` an SM): writes dx, returns the
+    [programs, N] partial rows of dw and db."""
+    constexprs = dict(RMS=rms, HAS_W=weight is not None, NEED_DW=need_dw, NEED_DB=need_db,
+                      BLOCK_M=config.bwd_long_rows, BLOCK_N=config.bwd_long_chunk)
+    warps = config.bwd_long_warps
+    stand_ins = (rstd if need_dw else None, rstd if need_db else None)
+    args = (x2, weight, dy2, mean, rstd, dx, *stand_ins, stride_x, stride_dy, n, m, n, 1)  # dx: rows of stride n
+    per_sm = _common.resident_per_sm(_norm_bwd_long_kernel, args, warps, x2.device, constexprs) or 1
+    per_sm = per_sm if config.bwd_long_per_sm is None else min(per_sm, config.bwd_long_per_sm)
+    row_programs, rows_per_program = _bwd_rows(m, config.bwd_long_rows, per_sm * _common.sm_count(x2.device))
+    sums = _partials(need_dw, need_db, row_programs, n, x2.device)
+    _common.launch(_norm_bwd_long_kernel, (row_programs,))(
+        x2, weight, dy2, mean, rstd, dx, *sums, stride_x, stride_dy, n, m, n, rows_per_program,
+        **constexprs, num_warps=warps,
+    )
+    return sums
 
 
 def _bwd_plan(key: tuple, config: NormConfig, pointers: tuple, strides: tuple) -> _BwdPlan:

@@ -28,6 +28,10 @@ CONFIGS = {
     # path (teams on a GPU, the looped kernel under the interpreter)
     "forward: no register cap, long rows past 4096": norms.NormConfig(fwd_reg_cap=0, fwd_one_pass_max=4096),
     "forward: looped kernel past 4096": norms.NormConfig(fwd_one_pass_max=4096, fwd_teams=False),
+    # long rows' backward in one kernel (x and dy re-read from L2), one and two rows at a time
+    "backward: long rows past 4096 in one kernel": norms.NormConfig(bwd_max_fused=4096, bwd_long_one_kernel=True),
+    "backward: long rows past 4096 in one kernel, 2 rows x 1024": norms.NormConfig(
+        bwd_max_fused=4096, bwd_long_one_kernel=True, bwd_long_rows=2, bwd_long_chunk=1024, bwd_long_warps=4),
     # rows of non-power-of-two widths as one power-of-two tile instead of a head and a tail
     "one tile (rows not split)": norms.NormConfig(fwd_split=False, bwd_split=False),
     "forward: looped kernel past 4096, 1024-element chunks, 4 warps":
@@ -88,6 +92,21 @@ def test_looped_forward_merges_its_lanes_exactly(rms):
         xd, wd = x.double(), w.double()
         ref = F.rms_norm(xd, (n,), wd, 1e-6) if rms else F.layer_norm(xd, (n,), wd, None, 1e-5)
         assert_close(y, ref, torch.float32, f"looped forward, {n} columns")
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_long_rows_in_one_kernel_add_each_programs_row_blocks(rows):
+    """The one-kernel long-row backward adds every row block of a program into that program's
+    partial row (the first block writes it): 61 rows on 16 programs (4 SMs x 4 under the
+    interpreter) is 3-4 row blocks a program; the last chunk of 5121 columns is partial. dw and
+    db alone, and float16."""
+    config = norms.NormConfig(bwd_max_fused=4096, bwd_long_one_kernel=True, bwd_long_rows=rows, bwd_long_chunk=1024,
+                              bwd_long_warps=4)
+    check(config, False, (61, 5121), seed=3)
+    check(config, True, (61, 5121), seed=4)
+    check(config, False, (29, 4500), weight="no grad", bias=True)
+    check(config, False, (29, 4500), weight=True, bias="no grad")
+    check(config, False, (10, 4200), torch.float16)
 
 
 def test_atomic_workspace_is_left_zero_and_reused():
