@@ -438,6 +438,19 @@ def _add_to_partial(ptr, idx, ok, value, fresh):
 
 
 @triton.jit
+def _long_chunk(x_ptr, w_ptr, dy_ptr, rows, row_ok, idx, stride_x, stride_dy, rstd, mean, N,
+                EVICT: tl.constexpr, RMS: tl.constexpr, HAS_W: tl.constexpr):
+    """(dy, xhat, g, mask, column mask) of ``rows`` x columns ``idx`` (loads with policy EVICT)."""
+    ok = idx < N
+    mask = row_ok[:, None] & ok[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + idx[None, :], mask=mask, other=0.0, eviction_policy=EVICT)
+    dy = tl.load(dy_ptr + rows[:, None] * stride_dy + idx[None, :], mask=mask, other=0.0, eviction_policy=EVICT)
+    dy = dy.to(tl.float32)
+    xhat, g = _bwd_part(x.to(tl.float32), dy, _load_w(w_ptr, idx, ok, HAS_W), rstd, mean, mask, RMS, HAS_W)
+    return dy, xhat, g, mask, ok
+
+
+@triton.jit
 def _norm_bwd_long_kernel(
     x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,
     stride_x, stride_dy, stride_dx,
@@ -470,13 +483,8 @@ def _norm_bwd_long_kernel(
         acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         for c in range(0, n_chunks):
             idx = c * BLOCK_N + cols
-            ok = idx < N
-            mask = row_ok[:, None] & ok[None, :]
-            x = tl.load(x_ptr + rows[:, None] * stride_x + idx[None, :], mask=mask, other=0.0,
-                        eviction_policy="evict_last").to(tl.float32)
-            dy = tl.load(dy_ptr + rows[:, None] * stride_dy + idx[None, :], mask=mask, other=0.0,
-                         eviction_policy="evict_last").to(tl.float32)
-            xhat, g = _bwd_part(x, dy, _load_w(w_ptr, idx, ok, HAS_W), rstd, mean, mask, RMS, HAS_W)
+            dy, xhat, g, mask, ok = _long_chunk(x_ptr, w_ptr, dy_ptr, rows, row_ok, idx, stride_x, stride_dy,
+                                                rstd, mean, N, "evict_last", RMS, HAS_W)
             acc1 += g * xhat
             if not RMS:
                 acc2 += g
@@ -486,13 +494,8 @@ def _norm_bwd_long_kernel(
         fresh = (start == first).to(tl.int32)
         for c in range(0, n_chunks):
             idx = (n_chunks - 1 - c) * BLOCK_N + cols
-            ok = idx < N
-            mask = row_ok[:, None] & ok[None, :]
-            x = tl.load(x_ptr + rows[:, None] * stride_x + idx[None, :], mask=mask, other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)
-            dy = tl.load(dy_ptr + rows[:, None] * stride_dy + idx[None, :], mask=mask, other=0.0,
-                         eviction_policy="evict_first").to(tl.float32)
-            xhat, g = _bwd_part(x, dy, _load_w(w_ptr, idx, ok, HAS_W), rstd, mean, mask, RMS, HAS_W)
+            dy, xhat, g, mask, ok = _long_chunk(x_ptr, w_ptr, dy_ptr, rows, row_ok, idx, stride_x, stride_dy,
+                                                rstd, mean, N, "evict_first", RMS, HAS_W)
             dx = (g - xhat * c1 - c2) * rstd
             tl.store(dx_ptr + rows[:, None] * stride_dx + idx[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
             if NEED_DW:
