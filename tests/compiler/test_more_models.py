@@ -57,6 +57,16 @@ MODELS = {
     "roberta": _hf("RobertaForMaskedLM", "RobertaConfig", **_ENCODER),
     "distilbert": _hf("DistilBertForMaskedLM", "DistilBertConfig", dim=64, hidden_dim=96, n_layers=2, n_heads=4,
                       vocab_size=128, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0),
+    # added 2026-12-05 from a held-out sweep of 36 more models (all matched eager): an MoE with
+    # q/k norms, an encoder with global/local attention and unpadding, a conv + attention hybrid
+    "qwen3_moe": _hf("Qwen3MoeForCausalLM", "Qwen3MoeConfig", num_key_value_heads=2, head_dim=16, num_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=32, **_LM),
+    "modernbert": _hf("ModernBertForMaskedLM", "ModernBertConfig", hidden_size=64, intermediate_size=96,
+                      num_hidden_layers=2, num_attention_heads=4, vocab_size=128, max_position_embeddings=64,
+                      pad_token_id=0, eos_token_id=1, bos_token_id=1, cls_token_id=1, sep_token_id=1,
+                      embedding_dropout=0.0, mlp_dropout=0.0, attention_dropout=0.0),
+    "coatnet": _vision(lambda: timm.create_model("coatnet_nano_rw_224", pretrained=False, num_classes=10, img_size=64,
+                                                 drop_rate=0.0, drop_path_rate=0.0), side=64),
     "mobilenet_v3": _vision(lambda: torchvision.models.mobilenet_v3_small(num_classes=10, dropout=0.0)),
     # 112 pixels: at 56 its last stage normalizes 8 values per channel (batch 2 x 2 x 2), and eager
     # float32 itself is 6% off float64 in the first layer's gradient (any reordering of a sum shows)
