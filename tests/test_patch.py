@@ -66,13 +66,21 @@ def _zoo(name):
     return lambda: ZOO[name].build("tiny")
 
 
+def _qwen3():
+    """Qwen3: RMSNorms over each head's queries and keys (q_norm, k_norm) besides the layers' own."""
+    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64)
+    return _hf_lm(transformers.Qwen3ForCausalLM, cfg)
+
+
 BUILDERS = {name: _zoo(name) for name in ("gpt2", "llama", "bert", "t5", "mixtral")}
-BUILDERS.update(qwen2=_qwen2, gemma=_gemma, t5_gated=_t5_gated)
+BUILDERS.update(qwen2=_qwen2, qwen3=_qwen3, gemma=_gemma, t5_gated=_t5_gated)
 
 #: model -> (kind, op, how many swapped); ops of other kinds than those listed: none swapped.
 EXPECTED_SWAPS = {
     "llama": {("norm", "rms_norm"): 5, ("mlp", "silu_mul"): 2, ("loss", "cross_entropy"): 1},
     "qwen2": {("norm", "rms_norm"): 5, ("mlp", "silu_mul"): 2, ("loss", "cross_entropy"): 1},
+    "qwen3": {("norm", "rms_norm"): 9, ("mlp", "silu_mul"): 2, ("loss", "cross_entropy"): 1},
     "gemma": {("norm", "rms_norm(x, 1 + weight)"): 5, ("mlp", "gelu_mul(approximate='tanh')"): 2, ("loss", "cross_entropy"): 1},
     "gpt2": {("norm", "layer_norm"): 5, ("loss", "cross_entropy"): 1},
     "bert": {("norm", "layer_norm"): 6},

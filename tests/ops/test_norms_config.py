@@ -109,6 +109,19 @@ def test_long_rows_in_one_kernel_add_each_programs_row_blocks(rows):
     check(config, False, (10, 4200), torch.float16)
 
 
+def test_default_split_rules_are_the_measured_ones():
+    """The defaults the H200 chose (benchmarks/results/norm_tune_split_stop28_h200.csv): the forward
+    splits rows of non-power-of-two widths; the backward splits rms_norm's rows at every width and
+    layer_norm's up to LN_BWD_SPLIT_MAX columns (its split at 5120 and 6144 measured slower)."""
+    fwd = norms._fwd_tile(4096, 5120, False, norms.DEFAULT)[0]
+    assert (fwd.block_n, fwd.tail) == (4096, 1024)
+    for n, rms, tail in ((2880, False, 1024), (5120, False, 0), (6144, False, 0), (5120, True, 1024),
+                         (6144, True, 2048), (7168, True, 0)):
+        assert norms._bwd_tile(4096, n, rms, norms.DEFAULT).tail == tail, (n, rms)
+    assert norms._bwd_tile(4096, 5120, False, norms.NormConfig(bwd_split=True)).tail == 1024
+    assert norms._bwd_tile(4096, 5120, True, norms.NormConfig(bwd_atomic=True)).tail == 0  # atomics: one part
+
+
 def test_atomic_workspace_is_left_zero_and_reused():
     config = CONFIGS["atomic, 1 program/SM"]
     for seed in range(2):  # a second call on the same workspace gives float64-exact gradients again
