@@ -527,6 +527,19 @@ def test_fused_lm_head_refused_for_soft_capped_logits():
     _assert_same_step(*_step(model, inputs), ref_loss, ref_grads)
 
 
+def test_fused_lm_head_probe_never_overflows_the_weights():
+    """A float16 head with weights near float16's largest: x 64 would be inf and / 64 would not
+    bring them back, so the probe skips its scaled run and leaves every weight as it was."""
+    model, _ = _build("llama")
+    model = model.half()
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        head.weight[0, 0] = 60000.0
+    before = head.weight.detach().clone()
+    kernelab.patch(model, fused_lm_head=True)
+    assert torch.equal(model.get_output_embeddings().weight, before)
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen2"])
 def test_fused_mlp_equals_unpatched_and_runs_the_dual_gemm(name, monkeypatch):
     model, inputs = _build(name)

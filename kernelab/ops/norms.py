@@ -105,6 +105,13 @@ class NormConfig:
     bwd_long_warps: int = 8
     bwd_long_per_sm: Optional[int] = 2
 
+    def __post_init__(self):
+        # tile sizes and warps become Triton block shapes: powers of two, or a compile error deep inside
+        for name in ("fwd_loop_chunk", "fwd_loop_warps", "bwd_long_rows", "bwd_long_chunk", "bwd_long_warps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"NormConfig.{name} must be a power of two, not {value!r}")
+
 
 DEFAULT = NormConfig()
 

@@ -101,10 +101,12 @@ def _probe_error(model, forward) -> float:
     labels[0, 3] = IGNORE_INDEX
     was_training = model.training
     errors = []
+    # the scaled run only where no weight overflows (x 64 then / 64 is exact short of that)
+    fits = float(head.weight.detach().abs().max()) * PROBE_LOGIT_SCALE < torch.finfo(head.weight.dtype).max
     try:
         model.eval()
         with torch.no_grad():
-            for scale in (1.0, PROBE_LOGIT_SCALE):
+            for scale in (1.0, PROBE_LOGIT_SCALE) if fits else (1.0,):
                 head.weight.mul_(scale)
                 try:
                     ref = type(model).forward(model, input_ids=ids, labels=labels).loss

@@ -149,3 +149,9 @@ def test_occupancy_of_the_h200_binaries():
     assert _common.occupancy(32, 0, 1) == 32        # at most 32 programs an SM
     # off the GPU (interpreter), the count the launchers' 4 simulated SMs assume
     assert _common.resident_per_sm(None, (), 4, torch.device("cpu"), {}) == 4
+
+
+def test_tile_settings_must_be_powers_of_two():
+    for bad in ({"fwd_loop_chunk": 3000}, {"bwd_long_rows": 3}, {"bwd_long_warps": 0}):
+        with pytest.raises(ValueError, match="power of two"):
+            norms.NormConfig(**bad)
