@@ -528,13 +528,13 @@ def test_fused_lm_head_refused_for_soft_capped_logits():
 
 
 def test_fused_lm_head_probe_never_overflows_the_weights():
-    """A float16 head with weights near float16's largest: x 64 would be inf and / 64 would not
-    bring them back, so the probe skips its scaled run and leaves every weight as it was."""
+    """A float16 head with a weight of 2000: x 64 would be inf (float16 ends at 65504) and / 64
+    would not bring it back, so the probe skips its scaled run and leaves every weight as it was."""
     model, _ = _build("llama")
     model = model.half()
     head = model.get_output_embeddings()
     with torch.no_grad():
-        head.weight[0, 0] = 60000.0
+        head.weight[0, 0] = 2000.0
     before = head.weight.detach().clone()
     kernelab.patch(model, fused_lm_head=True)
     assert torch.equal(model.get_output_embeddings().weight, before)
