@@ -17,6 +17,7 @@ before the call that reads it. Triton's own ``TRITON_INTERPRET`` is Triton's: se
 | KERNELAB_TEAMS | 1 | 0: long rows of the norms take the two-pass kernels instead of teams |
 | KERNELAB_GEMM_TUNE | 0 | 1: ``kernelab.ops`` matmuls tune each new shape on its first call |
 | KERNELAB_BN_BACKWARD | aten | compiler: ``generated`` decomposes training batch norm's backward into row, column and pointwise kernels (experimental: not yet timed against ATen's) |
+| KERNELAB_BN_FORWARD | aten | compiler: ``generated`` decomposes training batch norm's forward into a row kernel, a column kernel and the transform's pointwise kernel (experimental: not yet timed) |
 | KERNELAB_CACHE | ~/.cache/kernelab | where measured and generated files are kept |
 """
 from __future__ import annotations
@@ -25,7 +26,8 @@ import os
 from pathlib import Path
 
 __all__ = ["debug_level", "strict", "cudagraphs", "direct_launch", "static_launch", "direct_call",
-           "persistent_max", "pad", "teams", "gemm_tune", "batch_norm_backward", "cache_root"]
+           "persistent_max", "pad", "teams", "gemm_tune", "batch_norm_backward", "batch_norm_forward",
+           "cache_root"]
 
 
 def _flag(name: str, default: str) -> str:
@@ -55,12 +57,22 @@ def direct_launch() -> bool:
     return _flag("KERNELAB_DIRECT_LAUNCH", "1") != "0"
 
 
+def _aten_or_generated(name: str) -> str:
+    value = _flag(name, "aten")
+    if value not in ("aten", "generated"):
+        raise ValueError(f"{name} must be 'aten' or 'generated', not {value!r}")
+    return value
+
+
 def batch_norm_backward() -> str:
     """KERNELAB_BN_BACKWARD: "aten" (default: the backward op kept whole) or "generated"."""
-    value = _flag("KERNELAB_BN_BACKWARD", "aten")
-    if value not in ("aten", "generated"):
-        raise ValueError(f"KERNELAB_BN_BACKWARD must be 'aten' or 'generated', not {value!r}")
-    return value
+    return _aten_or_generated("KERNELAB_BN_BACKWARD")
+
+
+def batch_norm_forward() -> str:
+    """KERNELAB_BN_FORWARD: "aten" (default: training batch norm's forward kept whole, ATen's
+    kernels updating the running statistics) or "generated"."""
+    return _aten_or_generated("KERNELAB_BN_FORWARD")
 
 
 def static_launch() -> bool:

@@ -28,11 +28,11 @@ __all__ = ["kernelab_backend", "decompositions", "KernelabFallbackWarning", "res
 
 def decompositions() -> dict:
     """The decomposition table (``_decompositions``) for the current settings."""
-    return _decompositions(config.batch_norm_backward())
+    return _decompositions(config.batch_norm_backward(), config.batch_norm_forward())
 
 
-@functools.lru_cache(maxsize=2)
-def _decompositions(batch_norm_backward: str) -> dict:
+@functools.lru_cache(maxsize=4)
+def _decompositions(batch_norm_backward: str, batch_norm_forward: str = "aten") -> dict:
     """Core ATen decompositions, plus the composite ops whose primitives we fuse (softmax, layer
     norm, GELU, their backwards). mean/var/relu stay whole: the compiler handles them directly."""
     from torch._decomp import core_aten_decompositions, get_decompositions
@@ -48,6 +48,11 @@ def _decompositions(batch_norm_backward: str) -> dict:
         aten.clamp_min, aten.clamp_max, aten.rsub, aten.square, aten.logsumexp, aten.var_mean.correction,
         aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,  # inference batch norm: pointwise
     ]
+    if batch_norm_forward == "generated":
+        # training batch norm after functionalization: its statistics become a row and a column
+        # kernel (``rewrites.batch_norm_statistics_as_rows_then_columns``), the running
+        # statistics' ``copy_`` the column kernel's stores into the buffers (``graph.absorb_copies``)
+        extra.append(aten._native_batch_norm_legit_functional)
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(extra))
     for op in (aten.mean.dim, aten.var.correction):

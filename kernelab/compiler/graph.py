@@ -29,11 +29,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
 import torch.fx as fx
 
 from . import fusion, layout, rewrites
 
-__all__ = ["Group", "Partition", "partition"]
+__all__ = ["Group", "Partition", "partition", "absorb_copies"]
 
 
 @dataclass
@@ -71,6 +72,9 @@ class Partition:
     group_of: dict  # node -> Group
     eager: dict  # node -> reason it runs as ATen ("" for views and placeholders)
     refusals: list  # (node name, reason) for every fusion refused
+    #: ``copy_(input, value)`` nodes whose value's kernel stores straight into the input
+    #: (``absorb_copies``): copy node -> (group, value node, input node)
+    into: dict = field(default_factory=dict)
 
 
 def partition(gm: fx.GraphModule) -> Partition:
@@ -85,7 +89,47 @@ def partition(gm: fx.GraphModule) -> Partition:
     _break_cycles(gm, state)
     for group in state.groups:
         _finish(group, state.group_of)
-    return Partition(state.groups, state.group_of, state.eager, state.refusals)
+    part = Partition(state.groups, state.group_of, state.eager, state.refusals)
+    absorb_copies(part)
+    return part
+
+
+def absorb_copies(part: Partition) -> None:
+    """``copy_(buf, v)`` of a graph input ``buf`` that only ``v``'s kernel reads otherwise (a
+    training batch norm's running statistics, kept in the graph as their update:
+    ``keep_inference_input_mutations``) -> that kernel stores ``v`` into ``buf`` itself, instead
+    of writing ``v`` and an ATen copy (a launch per buffer) copying it over. The kernel reads each
+    old value where it stores the new one: a pointwise kernel at the same element (``v`` has the
+    kernel's full shape), a column kernel in its per-column epilogue, after every read of its
+    prologue (the epilogue runs once all of a column's row blocks have arrived). The copy node
+    stays in the graph and runs nothing; the runner copies after all where the buffer's layout
+    is not the one the kernel writes (``group_runner.GroupRunner.run_values``)."""
+    taken = set()
+    for group in part.groups:
+        members = set(group.nodes)
+        for v in group.outputs:
+            for copy in v.users:
+                buf = copy.args[0] if copy.target is torch.ops.aten.copy_.default and len(copy.args) == 2 else None
+                if buf is None or copy.args[1] is not v or buf in taken or not _stores_in_place(group, v, buf):
+                    continue
+                if all(u is copy or u in members for u in buf.users):
+                    part.into[copy] = (group, v, buf)
+                    part.eager[copy] = ""  # no ATen op: listed with the plan's in-place stores
+                    taken.add(buf)
+
+
+def _stores_in_place(group: Group, v: fx.Node, buf: fx.Node) -> bool:
+    """Can ``group``'s kernel store ``v`` into ``buf``, a graph input of the same static shape and
+    dtype, reading ``buf``'s old values only where it stores (see ``absorb_copies``)?"""
+    if buf.op != "placeholder":
+        return False
+    bv, vv = fusion.value(buf), fusion.value(v)
+    if not (fusion.is_tensor_node(buf) and fusion.is_tensor_node(v) and fusion.static_shape(bv)
+            and tuple(bv.shape) == tuple(vv.shape) and bv.dtype == vv.dtype):
+        return False
+    if group.kind == "pointwise":
+        return tuple(vv.shape) == tuple(group.shape)
+    return group.kind == "column" and group.roles.get(v) == "col"
 
 
 class _State:

@@ -281,6 +281,8 @@ class GroupRunner:
     transient_scratch: bool = False
     #: the launch heuristics' data (``tiling.py``; a tuning script passes its own)
     tiling: Tiling = DEFAULT_TILING
+    #: (output index, graph input node): outputs stored into inputs (``graph.absorb_copies``)
+    into: list = field(default_factory=list)
 
     def __post_init__(self):
         self.loads = emit.loads_of(self.group) if self.group is not None else []
@@ -300,15 +302,17 @@ class GroupRunner:
     def run(self, env: dict) -> None:
         """Launch the group's kernel on the values in ``env`` and put its outputs there."""
         scalars = [env[s] for s in self.group.scalars] if self.group.scalars else []
-        outs = self.run_values([env[n] for n in self.load_nodes], scalars)
+        outs = self.run_values([env[n] for n in self.load_nodes], scalars, [env[buf] for _, buf in self.into])
         for n, t in zip(self.group.outputs, outs):
             env[n] = t
 
-    def run_values(self, raw: list, scalars: list) -> list:
+    def run_values(self, raw: list, scalars: list, into: list = ()) -> list:
         """The group's outputs for its loads' values ``raw`` (in ``loads`` order) and its scalars.
         Everything that depends only on the inputs' shapes and strides (variant, block sizes,
         output layouts, stride arguments) is worked out once per such key; a repeated call
-        allocates the outputs and launches."""
+        allocates the outputs and launches. ``into``: the input tensors of ``self.into``, which
+        receive those outputs (stored there by the kernel where their layout is the one it
+        writes, else copied after) and are returned in their place."""
         # dtypes and devices are fixed for one graph (dynamo guards the inputs'; the rest follow):
         # sizes and strides are what can change (dynamic shapes, a differently strided input)
         key = tuple([(t.shape, t.stride()) for t in raw] + list(scalars))
@@ -316,11 +320,13 @@ class GroupRunner:
         if call is False:
             call = self.calls[key] = self.prepare_or_refuse(raw, scalars)
         if call is None:
-            return self.reference(raw, scalars)
+            return self._stored(self.reference(raw, scalars), into)
         empty = call.empty
         outs = [empty(size, stride, dtype) for size, stride, dtype in call.outs]
         for i, cols in call.narrow:
             outs[i] = outs[i][..., :cols]
+        if into:
+            self._in_place(call, outs, into)
         ins = [t.to(call.device) if i in call.move else t for i, t in enumerate(raw)] if call.move else raw
         args = (*ins, *outs, *call.scratch(), *call.tail, *scalars) if call.col_blocks else (*ins, *outs, *call.tail, *scalars)
         if call.direct is not None and call.direct.launch(args, (*ins, *scalars)):
@@ -335,7 +341,26 @@ class GroupRunner:
             except Exception as exc:
                 self.calls[key] = None
                 self.refuse(exc)
-                return self.reference(raw, scalars)
+                return self._stored(self.reference(raw, scalars), into)
+        return self._stored(outs, into) if into else outs
+
+    def _in_place(self, call: Call, outs: list, into: list) -> None:
+        """Swap the output buffers of ``self.into`` for the inputs that receive them, where the
+        layout the call writes is theirs (a padded output, another stride: copied after)."""
+        narrow = {i for i, _ in call.narrow}
+        for (i, _), t in zip(self.into, into):
+            size, stride, dtype = call.outs[i]
+            if i not in narrow and t.dtype == dtype and tuple(t.shape) == tuple(size) and \
+                    t.stride() == tuple(stride) and t.device == call.device:
+                outs[i] = t
+
+    def _stored(self, outs: list, into: list) -> list:
+        """The outputs with those of ``self.into`` in their input tensors (copied there where the
+        kernel did not store them: another layout, or the group ran as ATen)."""
+        for (i, _), t in zip(self.into, into):
+            if outs[i] is not t:
+                t.copy_(outs[i])
+                outs[i] = t
         return outs
 
     def first_launch(self, call: Call, args: tuple, varying: tuple) -> "_DirectLaunch | None":

@@ -62,13 +62,17 @@ class GraphPlan:
     jit_s: float = 0.0  # generating and importing the kernels of the first call (Triton compiles lazily)
     padded: list = field(default_factory=list)  # values with padded rows (compiler/layout.py), one line each
     cudagraphs: str = ""  # where CUDA graphs were asked for: "recorded: ..." or "not recorded: <why>"
+    #: copies into graph inputs that a kernel stores itself (graph.absorb_copies), one line each
+    stored: list = field(default_factory=list)
 
     @classmethod
     def build(cls, kind, gm, part, compile_s, fallback) -> "GraphPlan":
         groups = [_group_plan(g) for g in part.groups]
         eager = [(n.name, fusion.target_name(n), part.eager[n]) for n in gm.graph.nodes
                  if n in part.eager and part.eager[n]]
-        return cls(kind, groups, eager, list(part.refusals), compile_s, fallback)
+        stored = [f"{copy.name}: {group.name} stores {value.name} into {buf.name}"
+                  for copy, (group, value, buf) in part.into.items()]
+        return cls(kind, groups, eager, list(part.refusals), compile_s, fallback, stored=stored)
 
     def summary(self) -> str:
         kernels = len(self.groups)
@@ -83,6 +87,7 @@ class GraphPlan:
         lines += [f"  ATen {node} ({op}): {why}" for node, op, why in self.eager]
         lines += [f"  refused {node}: {why}" for node, why in self.refusals]
         lines += [f"  padded {line}" for line in self.padded]
+        lines += [f"  in place {line}" for line in self.stored]
         return "\n".join(lines)
 
     def note_compile(self, runner) -> None:
@@ -93,7 +98,7 @@ class GraphPlan:
                 "eager": [{"node": n, "op": op, "reason": why} for n, op, why in self.eager],
                 "refusals": [{"node": n, "reason": why} for n, why in self.refusals],
                 "compile_s": self.compile_s, "jit_s": self.jit_s, "fallback": self.fallback, "padded": list(self.padded),
-                "cudagraphs": self.cudagraphs}
+                "cudagraphs": self.cudagraphs, "stored": list(self.stored)}
 
 
 def _group_plan(group) -> GroupPlan:
@@ -220,6 +225,15 @@ class _Hooks:
         category = "reduction" if group.kind == "column" else group.kind
         self.rec.kernels.append(KernelSpec(group.name, category, ops, reads, writes,
                                            flops=float(numel * len(ops))))
+
+    def copy_into(self, buf, value) -> None:
+        """A copy into a graph input that the value's kernel stores itself (``graph.absorb_copies``):
+        done out of sight, no kernel of its own."""
+        self.rec.suppress += 1
+        try:
+            buf.copy_(value)
+        finally:
+            self.rec.suppress -= 1
 
     def generated_op(self, node, env: dict, kernel_for) -> object:
         """An ATen node the runner hands to a fixed kernel of ours (``scatter.py``) when

@@ -36,7 +36,7 @@ __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "c
            "conv_biases_as_adds", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norms_in_place", "cuda_clamps_without_nan_bounds", "gathers_before_casts",
            "truth_reductions_as_extremes", "common_subexpressions", "prologues_in_row_space",
-           "middle_dims_kept_as_rows_then_columns", "rewrite"]
+           "middle_dims_kept_as_rows_then_columns", "batch_norm_statistics_as_rows_then_columns", "rewrite"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -47,6 +47,7 @@ def rewrite(gm: fx.GraphModule) -> int:
     return (common_subexpressions(gm) + cuda_clamps_without_nan_bounds(gm) + batch_norms_in_place(gm)
             + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm)
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
+            + batch_norm_statistics_as_rows_then_columns(gm)
             + full_reductions_as_rows(gm) + middle_dims_kept_as_rows_then_columns(gm)
             + trailing_reductions_as_rows(gm) + prologues_in_row_space(gm) + aranges_as_constants(gm)
             + one_hot_indexing(gm) + casts_through_views(gm) + gathers_before_casts(gm)
@@ -430,6 +431,115 @@ def middle_dims_kept_as_rows_then_columns(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(new)
         count += 1
     return _cleanup(gm, count)
+
+
+_VARIANCES = (prims.var.default, aten.var.correction)
+
+
+def batch_norm_statistics_as_rows_then_columns(gm: fx.GraphModule) -> int:
+    """A variance over leading and trailing dims that keeps one dim between (training batch norm's
+    per-channel statistics of an (N, C, H, W) tensor: over (0, 2, 3)), and the sum beside it over
+    the same dims -> one row kernel and one column kernel:
+
+    * rows (N * C rows of L = H * W values, contiguous): each row's mean ``m`` and variance ``v``
+      (the row template's two-pass variance: the row's mean, then its squared deviations);
+    * columns (the (N, C) results summed over N, with the first sample's means ``s = m[0]`` as
+      each channel's shift): ``S1 = sum(m - s)``, ``S2 = sum((m - s)^2)``, ``Q = sum(v) * L``;
+      the mean is ``s + S1 / N`` and the sum of squared deviations from it
+      ``Q + L * (S2 - S1^2 / N)`` (Chan's parallel combination of the rows' (mean, M2): the
+      within-row part plus the spread of the row means around the channel's mean).
+
+    Shifting by a sample mean keeps ``S2 - S1^2 / N`` from cancelling (a channel whose values sit
+    at 1000 +- 1 loses no digits, where ``E[x^2] - mean^2`` in float32 would lose all of them);
+    the rows' two-pass variance has no cancellation. ATen's kernel (Welford) reads the tensor at
+    a fraction of the memory bandwidth (one block per channel: 4.1 ms of ResNet-50's step on the
+    H200, ``benchmarks/NOTES_compiler.md`` stop 23); rows read it at full bandwidth. Only static
+    shapes, one kept dim, contiguous trailing dims."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _VARIANCES:
+            continue
+        split = _channel_split(node)
+        if split is None:
+            continue
+        count += _statistics_in_rows(gm, node, *split)
+    return _cleanup(gm, count)
+
+
+def _channel_split(node) -> tuple | None:
+    """(lead dims, flat row shape) for a float reduction over leading dims 0..a-1 and the trailing
+    dims after one kept dim, the trailing block contiguous; else None."""
+    src = fusion.value(node.args[0])
+    if not (isinstance(src, torch.Tensor) and src.dtype in (torch.float32, torch.float64)
+            and fusion.static_shape(src) and src.numel() > 0 and src.dim() >= 3):
+        return None
+    rank = src.dim()
+    reduced = sorted({d % rank for d in _variance_dims(node)})
+    n_lead = next(i for i, d in enumerate(reduced + [None]) if d != i)
+    lead, trail = reduced[:n_lead], reduced[n_lead:]
+    if not lead or trail != list(range(n_lead + 1, rank)):
+        return None  # exactly one kept dim, between the leading and the trailing ones
+    if len(trail) == 1:
+        return lead, list(src.shape)
+    flat = _trailing_rows(node.args[0], trail)
+    return (lead, flat) if flat is not None else None
+
+
+def _variance_dims(node) -> list:
+    dims = fusion.bound_args(node).get("dims" if node.target is prims.var.default else "dim")
+    return [dims] if isinstance(dims, int) else list(dims or [])
+
+
+def _correction(node) -> float | None:
+    args = fusion.bound_args(node)
+    if node.target is prims.var.default:
+        return float(args["correction"])
+    if args.get("keepdim"):
+        return None
+    c = args.get("correction")
+    return 1.0 if c is None else float(c)
+
+
+def _statistics_in_rows(gm, var_node, lead: list, flat: list) -> int:
+    correction = _correction(var_node)
+    if correction is None:
+        return 0
+    x = var_node.args[0]
+    src, val = fusion.value(x), fusion.value(var_node)
+    sums = [u for u in x.users if u.op == "call_function" and u.target in (prims.sum.default, aten.sum.dim_IntList)
+            and sorted(d % src.dim() for d in _dims_of_sum(u)) == sorted(d % src.dim() for d in _variance_dims(var_node))
+            and not fusion.bound_args(u).get("keepdim") and fusion.value(u).dtype == val.dtype]
+    n_rows = math.prod(src.shape[d] for d in lead)
+    length = flat[-1]
+    count = n_rows * length
+    b = _Builder(gm, var_node, val)
+    try:
+        rows = b.op(aten.view.default, x, flat) if list(src.shape) != flat else x
+        row_var = b.op(prims.var.default, rows, [len(flat) - 1], 0.0)  # (lead..., C)
+        row_mean = b.op(aten.mean.dim, rows, [-1])
+        shift = row_mean
+        for _ in lead:  # the first sample's row means: one value per channel
+            shift = b.op(aten.select.int, shift, 0, 0)
+        deviation = b.op(aten.sub.Tensor, row_mean, shift)
+        s1 = b.op(aten.sum.dim_IntList, deviation, lead)
+        s2 = b.op(aten.sum.dim_IntList, b.op(aten.mul.Tensor, deviation, deviation), lead)
+        within = b.op(aten.mul.Tensor, b.op(aten.sum.dim_IntList, row_var, lead), float(length))
+        spread = b.op(aten.mul.Tensor, b.op(aten.sub.Tensor, s2, b.op(aten.div.Tensor, b.op(aten.mul.Tensor, s1, s1),
+                                                                      float(n_rows))), float(length))
+        new_var = b.op(aten.div.Tensor, b.op(aten.add.Tensor, within, spread), float(count) - correction)
+        mean = b.op(aten.add.Tensor, shift, b.op(aten.div.Tensor, s1, float(n_rows)))
+        new_sums = [b.op(aten.mul.Tensor, mean, float(count)) for _ in sums]
+    except Exception:  # noqa: BLE001 - a value the ops do not take: left as it was
+        return 0
+    var_node.replace_all_uses_with(new_var)
+    for old, new in zip(sums, new_sums):
+        old.replace_all_uses_with(new)
+    return 1
+
+
+def _dims_of_sum(node) -> list:
+    dims = fusion.bound_args(node).get("dims" if node.target is prims.sum.default else "dim")
+    return [dims] if isinstance(dims, int) else list(dims or [])
 
 
 def trailing_reductions_as_rows(gm: fx.GraphModule) -> int:
@@ -914,17 +1024,27 @@ def batch_norms_in_place(gm: fx.GraphModule) -> int:
 
     * ``_native_batch_norm_legit_functional`` + ``copy_`` of its new running mean and variance into
       the buffers -> ``_native_batch_norm_legit``, whose kernel updates them (eager's way);
-    * ``copy_(num_batches_tracked, add(num_batches_tracked, 1))`` -> ``add_``.
+    * ``copy_(num_batches_tracked, add(num_batches_tracked, 1))`` -> ``add_``; several such
+      increments by the same number -> one ``_foreach_add_`` (one launch for all of them on CUDA,
+      where each ``add_`` was a launch: 53 of ResNet-50's training step).
 
     aot_autograd otherwise copied each of the three back with a ``memcpy`` after the graph (ResNet's
     training step launched more kernels than eager: 60 copies for 20 norms, ``count(predict=True)``).
     Only where the buffers are read by nothing else before the update."""
-    count = 0
+    count, increments = 0, []
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is aten._native_batch_norm_legit_functional.default:
             count += _norm_in_place(gm, node)
         elif node.op == "call_function" and node.target is aten.copy_.default:
-            count += _increment_in_place(gm, node)
+            found = _increment(node)
+            if found is not None:
+                increments.append(found)
+    by_step = {}
+    for copy, buf, value in increments:
+        v = fusion.value(buf)
+        by_step.setdefault((value.args[1], v.dtype, v.device), []).append((copy, buf, value))
+    for (step, _, _), items in by_step.items():
+        count += _increments_in_place(gm, items, step)
     return _cleanup(gm, count)
 
 
@@ -956,20 +1076,34 @@ def _norm_in_place(gm: fx.GraphModule, norm: fx.Node) -> int:
     return 1
 
 
-def _increment_in_place(gm: fx.GraphModule, copy: fx.Node) -> int:
+def _increment(copy: fx.Node) -> tuple | None:
+    """(copy, buffer, add) for ``copy_(buf, add(buf, k))`` of a graph input read by nothing else."""
     buf, value = copy.args[0], copy.args[1]
     if not (isinstance(buf, fx.Node) and buf.op == "placeholder" and isinstance(value, fx.Node)
             and value.op == "call_function" and value.target is aten.add.Tensor and value.args[0] is buf
             and len(value.args) == 2 and isinstance(value.args[1], (int, float)) and not value.kwargs):
-        return 0
+        return None
     if set(buf.users) != {value, copy} or set(value.users) != {copy} or copy.users:
-        return 0
-    with gm.graph.inserting_before(copy):
-        new = gm.graph.call_function(aten.add_.Tensor, (buf, value.args[1]))
-    new.meta["val"] = value.meta.get("val")
-    gm.graph.erase_node(copy)
-    gm.graph.erase_node(value)
-    return 1
+        return None
+    return copy, buf, value
+
+
+def _increments_in_place(gm: fx.GraphModule, items: list, step) -> int:
+    """The increments by ``step`` as one in-place op at the last of them: ``add_``, or one
+    ``_foreach_add_`` for several (the buffers are read by nothing else: where is free)."""
+    last = items[-1][0]
+    with gm.graph.inserting_before(last):
+        if len(items) == 1:
+            buf, value = items[0][1], items[0][2]
+            new = gm.graph.call_function(aten.add_.Tensor, (buf, step))
+            new.meta["val"] = value.meta.get("val")
+        else:
+            new = gm.graph.call_function(aten._foreach_add_.Scalar, ([buf for _, buf, _ in items], step))
+            new.meta["val"] = None
+    for copy, _, value in items:
+        gm.graph.erase_node(copy)
+        gm.graph.erase_node(value)
+    return len(items)
 
 
 #: elementwise ops of two tensors whose operands may be regrouped (``inputs_in_row_space``)

@@ -59,6 +59,8 @@ class GraphRunner:
         padding = layout.plan(gm, part, set(output.all_input_nodes)) if layout.enabled() else layout.Padding()
         for g in part.groups:
             runners[id(g)].padded = {n: padding.rows[n] for n in g.outputs if n in padding.rows}
+        for group, value, buf in part.into.values():  # outputs stored into graph inputs (graph.absorb_copies)
+            runners[id(group)].into.append((group.outputs.index(value), buf))
         return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0], attrs,
                    visible_outputs, padding)
 
@@ -80,6 +82,11 @@ class GraphRunner:
                     hooks.group(item.group, env)
                 else:
                     item.run(env)
+            elif item in self.part.into:  # its group stored the value into the input
+                _, value, buf = self.part.into[item]
+                if hooks is not None:
+                    hooks.copy_into(env[buf], env[value])
+                env[item] = env[buf]
             else:
                 target = self.target(item)
                 if hooks is not None and isinstance(target, scatter.ScatterAddRows):
@@ -180,14 +187,21 @@ def _straight_line(runner: "GraphRunner"):
                 g = bind("g", item)
                 raw = ", ".join(names[n] for n in item.load_nodes)
                 scalars = ", ".join(names[n] for n in item.group.scalars)
+                into = f", [{', '.join(names[buf] for _, buf in item.into)}]" if item.into else ""
                 outs = "".join(names[n] + ", " for n in item.group.outputs)
-                line = (f"    {outs} = {g}.run_values([{raw}], [{scalars}])" if outs
-                        else f"    {g}.run_values([{raw}], [{scalars}])") + f"  # {item.group.name}"
+                line = (f"    {outs} = {g}.run_values([{raw}], [{scalars}]{into})" if outs
+                        else f"    {g}.run_values([{raw}], [{scalars}]{into})") + f"  # {item.group.name}"
                 reads = [p for n in item.group.nodes for p in value_inputs(n, constants=True)]
+                reads += [buf for _, buf in item.into]
                 statements.append((line, reads, list(item.group.outputs)))
                 defined.update(item.group.outputs)
             elif item in elided:
                 continue
+            elif item in runner.part.into:  # its group stored the value into the input: an alias
+                buf = runner.part.into[item][2]
+                statements.append((f"    {names[item]} = {names[buf]}  # {item.name}: stored by its kernel",
+                                   [buf], [item]))
+                defined.add(item)
             elif item in chains:
                 root, chain = chains[item]
                 statements.append((f"    {names[item]} = {bind('f', chain)}({expr(root)})", [root], [item]))

@@ -1,0 +1,200 @@
+"""Training batch norm generated (``KERNELAB_BN_FORWARD=generated``, experimental), its statistics
+as a row and a column kernel (``rewrites.batch_norm_statistics_as_rows_then_columns``), and
+copies into graph inputs stored by the kernels that compute them (``graph.absorb_copies``):
+outputs, gradients, running statistics and ``num_batches_tracked`` against eager."""
+import copy
+
+import pytest
+import torch
+
+import kernelab.compiler as klc
+from tests.compiler.conftest import assert_close
+
+
+def _r(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _steps(model, x, n=2):
+    """``n`` training steps' outputs, input gradients, parameter gradients and final buffers."""
+    out = []
+    for _ in range(n):
+        model.zero_grad(set_to_none=True)
+        xx = x.detach().clone().requires_grad_()
+        y = model(xx)
+        (y.float() * torch.linspace(-1, 1, y.numel()).view(y.shape)).sum().backward()
+        out.append((y.detach(), xx.grad, [p.grad for p in model.parameters()]))
+    return out, [b.clone() for b in model.buffers()]
+
+
+def _compare(model, x, dtype=torch.float32):
+    torch._dynamo.reset()
+    ref, got = copy.deepcopy(model), copy.deepcopy(model)
+    want, want_buffers = _steps(ref, x)
+    have, have_buffers = _steps(torch.compile(got, backend="kernelab"), x)
+    kw = {"dtype": dtype}
+    for (y, gx, gp), (y0, gx0, gp0) in zip(have, want):
+        assert_close(y, y0, what="output", **kw)
+        assert_close(gx, gx0, what="input gradient", **kw)
+        for a, b in zip(gp, gp0):
+            assert_close(a, b, what="parameter gradient", **kw)
+    for a, b in zip(have_buffers, want_buffers):
+        if a.is_floating_point():
+            assert_close(a, b, what="running statistic", **kw)
+        else:
+            assert torch.equal(a, b), (a, b)  # num_batches_tracked
+
+
+def _conv_bn_relu(c_in, c):
+    return torch.nn.Sequential(torch.nn.Conv2d(c_in, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c),
+                               torch.nn.ReLU())
+
+
+CASES = {
+    "conv-bn-relu": (lambda: _conv_bn_relu(3, 8), (4, 3, 10, 9)),
+    "batch of one": (lambda: torch.nn.BatchNorm2d(3), (1, 3, 5, 5)),
+    "1d over (N, C, L)": (lambda: torch.nn.BatchNorm1d(5), (6, 5, 33)),
+    "3d": (lambda: torch.nn.BatchNorm3d(4), (2, 4, 3, 5, 6)),
+    "no affine": (lambda: torch.nn.BatchNorm2d(4, affine=False), (3, 4, 6, 6)),
+    "1x1 spatial": (lambda: torch.nn.BatchNorm2d(4), (8, 4, 1, 1)),
+    "1d over (N, C)": (lambda: torch.nn.BatchNorm1d(7), (9, 7)),
+}
+
+
+@pytest.mark.parametrize("backward", ["aten", "generated"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_generated_batch_norm_forward_matches_eager(monkeypatch, case, backward):
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", backward)
+    make, shape = CASES[case]
+    torch.manual_seed(0)
+    _compare(make(), _r(*shape))
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "float16", "momentum None", "no running stats"])
+def test_generated_batch_norm_forward_other_settings(monkeypatch, layout):
+    """Layouts and settings where the statistics rewrite or the in-place stores do not apply as
+    planned (a channels-last tensor's trailing dims are not contiguous rows; float16 statistics
+    are computed from a float32 copy; a cumulative average reads ``num_batches_tracked`` in the
+    graph): still as eager."""
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    torch.manual_seed(0)
+    x = _r(3, 4, 6, 6)
+    bn = torch.nn.BatchNorm2d(4, momentum=None if layout == "momentum None" else 0.1,
+                              track_running_stats=layout != "no running stats")
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    if layout == "float16":
+        bn, x = bn.half(), x.half()
+    _compare(bn, x, dtype=x.dtype)
+
+
+def test_generated_batch_norm_forward_is_three_kernels_a_norm(monkeypatch):
+    """One norm's forward: the statistics' row kernel, the column kernel that finishes them and
+    updates the running statistics in place, and the transform with the ReLU; no ATen batch norm,
+    no copies of the running statistics, one ``_foreach_add_`` for both norms' counters."""
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(_conv_bn_relu(3, 8), _conv_bn_relu(8, 8))
+    x, g = _r(2, 3, 8, 8), _r(2, 8, 8, 8, seed=1)
+
+    def step(x, g):
+        net(x).backward(g)
+
+    plan = klc.explain(step, x, g)
+    forward = plan.graphs[0]
+    ops = [op for _, op, _ in forward.eager]
+    assert not [op for op in ops if "batch_norm" in op or "copy_" in op], ops
+    assert ops.count("aten._foreach_add_.Scalar") == 1, ops
+    assert len(forward.stored) == 4, forward.stored  # running mean and variance of both norms
+    kinds = [g.kind for g in forward.groups]
+    assert sorted(kinds) == ["column"] * 2 + ["pointwise"] * 2 + ["reduction"] * 2, \
+        [(group.name, group.kind) for group in forward.groups]
+
+
+def test_statistics_keep_their_digits_at_a_large_mean(monkeypatch):
+    """Values at 1000 +- 1: the variance from sums of squares in float32 (E[x^2] - mean^2) loses
+    every digit; the rows' two-pass variances combined around a sample mean keep them. Running
+    statistics against a float64 reference, as close as eager float32's."""
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    torch._dynamo.reset()
+    x = 1000 + _r(5, 6, 7, 9)
+    naive = (x.square().mean((0, 2, 3)) - x.mean((0, 2, 3)).square())
+    exact = x.double().var((0, 2, 3), unbiased=False)
+    assert ((naive.double() - exact).abs() / exact).max() > 1e-2  # the case is hard for sums of squares
+
+    bn64, bn = torch.nn.BatchNorm2d(6).double(), torch.nn.BatchNorm2d(6)
+    bn64(x.double())
+    compiled = torch.compile(bn, backend="kernelab")
+    compiled(x)
+    assert ((bn.running_var.double() - bn64.running_var).abs() / bn64.running_var).max() < 1e-5
+    assert ((bn.running_mean.double() - bn64.running_mean).abs() / bn64.running_mean).max() < 1e-6
+
+
+def test_counters_of_several_norms_are_one_foreach_add(monkeypatch):
+    """Default settings (ATen's batch norm): the norms' ``num_batches_tracked += 1`` are one
+    ``_foreach_add_`` (one launch on CUDA instead of one per norm), and count as eager's."""
+    monkeypatch.delenv("KERNELAB_BN_FORWARD", raising=False)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(_conv_bn_relu(3, 4), _conv_bn_relu(4, 4), _conv_bn_relu(4, 4))
+    x = _r(2, 3, 6, 6)
+    plan = klc.explain(lambda x: net(x).sum().backward(), x)
+    ops = [op for _, op, _ in plan.graphs[0].eager]
+    assert ops.count("aten._foreach_add_.Scalar") == 1 and "aten.add_.Tensor" not in ops, ops
+    _compare(net, x)
+
+
+def _decay(x, buf):
+    buf.mul_(0.9).add_(x)
+    return x * 2
+
+
+def _read_then_update(x, buf):
+    y = buf.sin() + x
+    buf.add_(1)
+    return y
+
+
+def _update_then_read(x, buf):
+    buf.add_(x)
+    return buf * 3
+
+
+@pytest.mark.parametrize("fn", [_decay, _read_then_update, _update_then_read])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_kernel_stores_into_a_mutated_input(fn, transposed):
+    """``copy_`` of a value into an input that needs no gradient (``keep_inference_input_mutations``):
+    the kernel computing the value stores it into the input (its layout permitting; a transposed
+    buffer gets a copy after), the input's old values read where they are replaced."""
+    torch._dynamo.reset()
+    x = _r(6, 4, seed=1)
+    buf = _r(4, 6, seed=2).t() if transposed else _r(6, 4, seed=2)
+    want_buf = buf.clone()
+    want = fn(x, want_buf)
+    got_buf = buf.clone()
+    if transposed:
+        got_buf = buf.t().clone().t()
+    got = torch.compile(fn, backend="kernelab")(x, got_buf)
+    assert_close(got, want, what="output")
+    assert_close(got_buf, want_buf, what="mutated input")
+    plan = klc.explain(fn, x, buf.clone())
+    assert not [op for gp in plan.graphs for _, op, _ in gp.eager if "copy_" in op], plan
+    assert [line for gp in plan.graphs for line in gp.stored], plan
+
+
+def test_generated_batch_norm_forward_without_gradients(monkeypatch):
+    """A norm in training mode under ``no_grad`` (an inference graph that still updates the
+    running statistics): output and buffers as eager's."""
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net, x = _conv_bn_relu(3, 5), _r(2, 3, 7, 7)
+    ref = copy.deepcopy(net)
+    compiled = torch.compile(net, backend="kernelab")
+    with torch.no_grad():
+        for _ in range(2):
+            assert_close(compiled(x), ref(x), what="output")
+    for a, b in zip(net.buffers(), ref.buffers()):
+        assert_close(a, b, what="buffer")
