@@ -138,6 +138,8 @@ def _linear_grads(ctx, dy, _dz):
     if dy is None:
         return None, None, None, None, None, None
     dres = dy if needs[3] else None
+    if not any(needs[:3]):  # only the residual wants a gradient: z was not kept (nothing to read)
+        return None, None, None, dres, None, None
     if _common.builds_graph():  # double backward: PyTorch's differentiable gradients
         def reference(x, weight, bias):
             return ACTIVATIONS[ctx.activation](F.linear(x, weight, bias))

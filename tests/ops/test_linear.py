@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from kernelab.errors import KernelabError
 import kernelab.ops as L
 from kernelab.ops import gemm
+from kernelab.ops.linear import ACTIVATIONS
 from tests.ops.conftest import DTYPES, assert_close, grads
 from tests.ops.helpers import randn, ref_copy
 
@@ -320,3 +321,29 @@ def test_tuning_skips_a_candidate_that_fails(monkeypatch, tmp_path):
         best = gemm_tune.choose(("k",), cands, run, torch.device("cpu"), timer=lambda fn: 1.0)
     assert best == cands[1]
     gemm_tune.forget()
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", None])
+@pytest.mark.parametrize("wants", ["residual", "residual+bias", "x+residual"])
+def test_gradients_of_some_inputs_only(act, wants):
+    """Only some inputs require a gradient, the residual among them: the pre-activation is kept
+    only for x, weight and bias, so a backward wanting the residual's alone must not read it (it
+    read an empty tensor: a segfault under the interpreter, found by a held-out sweep)."""
+    x = torch.randn(6, 16, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)) / 4
+    b = torch.randn(8, generator=torch.Generator().manual_seed(2))
+    r = torch.randn(6, 8, generator=torch.Generator().manual_seed(3))
+    names = wants.split("+")
+    args = {"x": x, "weight": w, "bias": b, "residual": r}
+    for name in names:
+        args[name] = args[name].clone().requires_grad_()
+    ref = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in args.items()}
+    y = L.linear(args["x"], args["weight"], args["bias"], act, args["residual"])
+    z = F.linear(ref["x"], ref["weight"], ref["bias"])
+    want = ACTIVATIONS[act or "none"](z) + ref["residual"]
+    g = torch.randn(6, 8, generator=torch.Generator().manual_seed(4))
+    got = torch.autograd.grad(y, [args[n] for n in names], g)
+    expected = torch.autograd.grad(want, [ref[n] for n in names], g)
+    assert_close(y, want, torch.float32, "output")
+    for name, a, e in zip(names, got, expected):
+        assert_close(a, e, torch.float32, name)
