@@ -154,6 +154,9 @@ def _ce_reduce_kernel(loss_ptr, wt_ptr, out_ptr, denom_ptr, M, MEAN: tl.constexp
     total = tl.sum(acc_loss, axis=0)
     if MEAN:
         denom = tl.sum(acc_wt, axis=0)
+        # no weight at all (every row ignored, or every target's class weight 0): torch's 0 / 0,
+        # NaN, also with label smoothing, whose part of the sum is not 0 (it gave +-inf)
+        denom = tl.where(denom == 0, float("nan"), denom)
         tl.store(denom_ptr, denom)
         total = total / denom
     tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))

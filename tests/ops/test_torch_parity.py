@@ -217,6 +217,26 @@ def test_label_smoothing_not_above_zero_is_none_like_torch(smoothing, weighted):
         assert_close(torch.autograd.grad(y, x)[0], torch.autograd.grad(ref, xr)[0], torch.float32, "dlogits")
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("nothing", ["zero target weights", "every row ignored"])
+def test_mean_over_no_weight_like_torch(smoothing, nothing):
+    """A mean over rows of total weight 0 is torch's 0 / 0: a NaN loss, with label smoothing too
+    (whose part of the sum is not 0: it was +-inf; found by a held-out sweep); gradients as
+    torch's (NaN where the target weights are 0, 0 for ignored rows)."""
+    x = randn((6, 9), torch.float32)
+    w = torch.ones(9)
+    t = T6.clone()
+    if nothing == "zero target weights":
+        w[t[t >= 0]] = 0.0
+    else:
+        t[:] = -100
+    y = K.cross_entropy(x, t, w, label_smoothing=smoothing)
+    xr = ref_copy(x)
+    ref = F.cross_entropy(xr, t, w.double(), label_smoothing=smoothing)
+    assert torch.isnan(ref) and torch.isnan(y), (y, ref)
+    assert_close(torch.autograd.grad(y, x)[0], torch.autograd.grad(ref, xr)[0], torch.float32, "dlogits")
+
+
 @pytest.mark.parametrize("smoothing", [1.5, 2, 1e10])
 def test_label_smoothing_above_one_raises_like_torch(smoothing):
     x = torch.randn(4, 9)
