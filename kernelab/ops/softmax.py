@@ -24,6 +24,7 @@ evict-last loads in the first pass, so that L2 can serve part of the re-read.
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
 import torch.nn.functional as F
@@ -417,6 +418,7 @@ _Softmax = _common.eager_function("_Softmax", _softmax_forward, _setup_context, 
 def _run(name: str, input: torch.Tensor, dim, stacklevel: int, dtype, log: bool) -> torch.Tensor:
     if dim is None:
         dim = F._get_softmax_dim(name, input.dim(), stacklevel + 1)
+    dim = _int_dim(name, dim)
     if dtype is not None:
         input = input.to(dtype)
     dim = canonicalize_dim(input.dim(), dim)  # IndexError, worded as PyTorch words it
@@ -426,6 +428,17 @@ def _run(name: str, input: torch.Tensor, dim, stacklevel: int, dtype, log: bool)
     x = input.movedim(dim, -1) if dim != last else input
     y = _common.apply(_Softmax, _softmax_op, x, log)
     return y.movedim(-1, dim) if dim != last else y
+
+
+def _int_dim(name: str, dim) -> int:
+    """``dim`` as an int, or PyTorch's TypeError: a tuple, a string, a float or a bool is refused
+    (a tuple reached a comparison deep inside and raised an unrelated TypeError)."""
+    try:
+        if isinstance(dim, bool):
+            raise TypeError
+        return operator.index(dim)
+    except TypeError:
+        raise TypeError(f"{name}(): argument 'dim' (position 1) must be int, not {type(dim).__name__}") from None
 
 
 def softmax(input: torch.Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None) -> torch.Tensor:
