@@ -302,7 +302,9 @@ class GroupRunner:
     def run(self, env: dict) -> None:
         """Launch the group's kernel on the values in ``env`` and put its outputs there."""
         scalars = [env[s] for s in self.group.scalars] if self.group.scalars else []
-        outs = self.run_values([env[n] for n in self.load_nodes], scalars, [env[buf] for _, buf in self.into])
+        raw = [env[n] for n in self.load_nodes]
+        outs = self.run_values(raw, scalars, [env[buf] for _, buf in self.into]) if self.into else \
+            self.run_values(raw, scalars)
         for n, t in zip(self.group.outputs, outs):
             env[n] = t
 
