@@ -17,7 +17,7 @@ from __future__ import annotations
 from . import fusion
 from .columns import column_source
 from .emit import (Emitter, correction, doc_lines, emit_coordinates, emit_node, full_load, gather_of, loads_of,
-                   name_locally, node_expression, piece_of, strided_signature, var_name)
+                   name_locally, node_expression, piece_of, scatter_outputs, strided_signature, var_name)
 from .loops import looped_body
 from .ops_table import compute_type
 
@@ -40,6 +40,9 @@ def pointwise_source(group, rank: int) -> str:
                 for t in range(len(gather_of(group, load).indices))]
     if gstrides:  # a gather source's strides along its indexed dims
         params.append(", ".join(gstrides) + ",")
+    sstrides = scatter_strides(group)
+    if sstrides:  # a scatter buffer's strides along its indexed dims
+        params.append(", ".join(sstrides) + ",")
     params.append(", ".join(f"size{d}" for d in range(rank)) + ", numel,")
     if group.scalars:
         params.append(", ".join(f"s{i}" for i in range(len(group.scalars))) + ",")
@@ -93,9 +96,23 @@ def _pointwise_body(em: Emitter, loads, outs, mask) -> None:
         em.emit(f"{var_name(n)} = {node_expression(em, n)}")
     em.emit("# store each output once")
     sm = f", mask={mask}" if mask else ""
+    scatters = scatter_outputs(em.group)
     for i, n in enumerate(em.group.outputs):
-        em.emit(f"tl.store(out{i}_ptr + out{i}_off, {var_name(n)}.to(out{i}_ptr.dtype.element_ty){sm})")
+        if n not in scatters:
+            em.emit(f"tl.store(out{i}_ptr + out{i}_off, {var_name(n)}.to(out{i}_ptr.dtype.element_ty){sm})")
+    if scatters:
+        em.emit("# add each scattered value into its buffer (zeroed by the runner) at its place")
+    for n, i in scatters.items():
+        em.emit(em.scatter_store(n, i))
     em.indent = "    "
+
+
+def scatter_strides(group) -> list[str]:
+    """The parameters of each scatter buffer's strides along its indexed dims, in output order."""
+    chains = {}
+    for n, i in scatter_outputs(group).items():
+        chains.setdefault(i, len(fusion.scatter_parts(n).indices))
+    return [f"out{i}_sstride{t}" for i in sorted(chains) for t in range(chains[i])]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,6 +44,13 @@ def loads_of(group) -> list[Load]:
             loads.append(Load(parts.source, f"gsrc{j}"))
             loads += [Load(i, f"gidx{j}.{t}") for t, i in enumerate(parts.indices) if i in group.inputs]
             continue
+        if fusion.is_scatter(n):  # values read in place; indices from memory right-aligned; no base
+            values = n.args[2]
+            if values in group.inputs and Load(values, "full") not in loads:
+                loads.append(Load(values, "full"))
+            loads += [Load(i, f"sidx{j}.{t}") for t, i in enumerate(fusion.scatter_parts(n).indices)
+                      if i in group.inputs]
+            continue
         role = "full" if group.roles[n] == "full" or fusion.is_reduction(n) else per_value
         for p in n.all_input_nodes:
             if p in group.inputs:
@@ -64,11 +71,26 @@ def piece_of(group, load) -> tuple | None:
 
 
 def gather_of(group, load):
-    """The ``fusion.GatherParts`` of the gather a source ("gsrc") or index ("gidx") load feeds, else None."""
-    for prefix in ("gsrc", "gidx"):
+    """The ``fusion.GatherParts`` of the gather a source ("gsrc") or index ("gidx") load feeds, or of
+    the scatter an index load ("sidx") feeds, else None."""
+    for prefix in ("gsrc", "gidx", "sidx"):
         if load.role.startswith(prefix):
-            return fusion.gather_parts(group.nodes[int(load.role[len(prefix):].split(".")[0])])
+            node = group.nodes[int(load.role[len(prefix):].split(".")[0])]
+            return fusion.scatter_parts(node) if prefix == "sidx" else fusion.gather_parts(node)
     return None
+
+
+def scatter_outputs(group) -> dict:
+    """Each scatter node of ``group`` -> the index in ``group.outputs`` of the buffer it adds into
+    (the last scatter of its chain into one zero fill)."""
+    out = {}
+    for n in group.nodes:
+        if fusion.is_scatter(n):
+            end = n
+            while end not in group.outputs:
+                end = next(u for u in end.users if fusion.is_scatter(u) and u.args[0] is end)
+            out[n] = group.outputs.index(end)
+    return out
 
 
 def arange_of(node, group) -> tuple | None:
@@ -156,6 +178,21 @@ class Emitter:
         return (f"tl.load(in{k}_ptr + in{k}_off + {' + '.join(terms)}{mask})"
                 f".to({compute_type(fusion.value(node).dtype)})")
 
+    def scatter_store(self, node, out: int) -> str:
+        """``buffer[..., i, j, ...] += value`` as one atomic add per element: the place of the
+        element's kept dims (``out{out}_off``, from the view the runner passes: stride 0 along the
+        indices' dims) plus index x stride along each indexed dim (``out{out}_sstride{t}``). The
+        indices are proved in range when compiling (``bounds``); lanes outside the last block are
+        masked. Additions meet in any order (deterministic algorithms refuse the scatter)."""
+        j = self.group.nodes.index(node)
+        terms = []
+        for t, index in enumerate(fusion.scatter_parts(node).indices):
+            name = self.names[index] if index in self.group.roles else self.names[index, f"sidx{j}.{t}"]
+            terms.append(f"{name}.to(tl.int64) * out{out}_sstride{t}")
+        mask = f", mask={self.mask}" if self.mask else ""
+        return (f"tl.atomic_add(out{out}_ptr + out{out}_off + {' + '.join(terms)}, {var_name(node)}{mask}, "
+                f'sem="relaxed")')
+
     def _name_of(self, node):
         if node in self.group.roles:
             return self.names[node]
@@ -235,6 +272,8 @@ def node_expression(em: Emitter, node) -> str:
         return em.cat_expression(node)
     if fusion.is_gather(node):
         return em.gather_expression(node)
+    if fusion.is_scatter(node):  # the value added into the buffer (scatter_store)
+        return em.operand(node.args[2], compute_type(fusion.value(node).dtype))
     want, out, common = _op_types(node)
     if name not in POINTWISE:  # a view kept inside the kernel: the same values
         return em.operand(node.args[0], None)

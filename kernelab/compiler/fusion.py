@@ -13,7 +13,7 @@ import torch.fx as fx
 from . import bounds
 from .ops_table import CONSTANTS, POINTWISE, REDUCTIONS, SUPPORTED_DTYPES, VIEWS
 
-__all__ = ["classify", "role_in", "full_shape", "bound_args", "dims", "hint"]
+__all__ = ["classify", "role_in", "full_shape", "bound_args", "dims", "hint", "is_scatter", "scatter_parts"]
 
 # Reasons for the ops a library runs better than generated code, by op name.
 _LIBRARY = {
@@ -195,8 +195,12 @@ def classify(node: fx.Node) -> tuple[str, str]:
     if short in _FULL_REDUCTIONS:
         return "eager", f"{short} over every dim or other dims: only last-dim row reductions are generated"
     if accumulating_index_put(node):
+        why = scatter_refusal(node)
+        node.meta["kl_scatter"] = not why
+        if not why:
+            return "pointwise", ""
         return "eager", ("an accumulating index_put: the row scatter-add kernel (kl_scatter_add_rows, "
-                         "scatter.py) runs it where it fits, else ATen")
+                         f"scatter.py) runs it where it fits, else ATen ({why})")
     return "eager", f"no Triton rule for {name}"
 
 
@@ -400,6 +404,94 @@ def gathered_shape(sizes, index_shapes, dims_) -> tuple | None:
     return tuple(sizes[:dims_[0]]) + tuple(middle) + tuple(sizes[dims_[-1] + 1:])
 
 
+# ---------------------------------------------------------------------------------------------
+# scatters: accumulating index_put_ into a zero buffer, as atomic adds of a pointwise kernel
+
+
+def is_scatter(node) -> bool:
+    """An accumulating ``index_put_`` that a pointwise kernel generates (``scatter_refusal`` empty)."""
+    return isinstance(node, fx.Node) and node.op == "call_function" and accumulating_index_put(node) \
+        and node.meta.get("kl_scatter", False)
+
+
+def has_scatter(group) -> bool:
+    return any(is_scatter(n) for n in group.nodes)
+
+
+def scatter_parts(node) -> GatherParts:
+    """The scatter as the gather it is the backward of: ``base[(:,) * first + (indices...)]``
+    receives the values, whose shape (``shape``) is the gather's result shape."""
+    base, indices, values = node.args[:3]
+    dims_ = [d for d, i in enumerate(indices) if i is not None]
+    tensors = tuple(indices[d] for d in dims_)
+    broadcast = max(value(i).dim() for i in tensors)
+    return GatherParts(base, dims_[0], tensors, broadcast, value(base).dim() - dims_[-1] - 1,
+                       tuple(value(values).shape))
+
+
+def scatter_base(node) -> fx.Node:
+    """The zero fill a chain of scatters into one buffer starts from."""
+    while is_scatter(node):
+        node = node.args[0]
+    return node
+
+
+def scatter_refusal(node) -> str:
+    """Why an accumulating ``index_put_`` is not generated as atomic adds of a pointwise kernel
+    ("" when it is): its base must be a float32 zero fill (or such a scatter, several into one
+    buffer) of static sizes, its indices integer tensors on consecutive dims proved within the
+    base's sizes (``bounds``), its values a computed float32 tensor of the gather's shape, and
+    deterministic algorithms off (atomic adds meet in any order)."""
+    base, indices, values = node.args[:3]
+    if torch.are_deterministic_algorithms_enabled():
+        return "deterministic algorithms are on: ATen's sorted kernel adds in a fixed order"
+    if not (is_tensor_node(base) and (is_scatter(base) or (is_constant(base) and constant_value(base) == 0))):
+        return "a scatter into a buffer other than a fresh zero fill"
+    bv = value(base)
+    if bv.dtype != torch.float32 or not static_shape(bv) or bv.numel() == 0:
+        return "atomic adds are generated in float32 only, into buffers of static sizes"
+    dims_ = [d for d, i in enumerate(indices) if i is not None]
+    if not dims_ or dims_ != list(range(dims_[0], dims_[-1] + 1)):
+        return "a scatter whose indexed dims are not consecutive"
+    if any(not is_tensor_node(indices[d]) or value(indices[d]).dtype not in (torch.int64, torch.int32)
+           for d in dims_):
+        return "a scatter by a boolean mask or non-integer indices"
+    if not (is_tensor_node(values) and not is_constant(values) and value(values).dtype == bv.dtype
+            and static_shape(value(values))):
+        return "a scatter of values of another dtype, or of a constant"
+    if tuple(value(values).shape) != gathered_shape(bv.shape, [value(indices[d]).shape for d in dims_], dims_):
+        return "a scatter whose values are not the gather's shape"
+    for d in dims_:
+        if not bounds.within(indices[d], bv.shape[d]):
+            return f"indices from the data (dim {d} of {bv.shape[d]}): ATen checks their range"
+    return ""
+
+
+def _scatter_role(group, node) -> tuple[str | None, str]:
+    """A scatter joins a pointwise kernel of its values' shape (the kernel's iteration space);
+    several into one buffer join the same kernel, which owns the buffer; an index computed in
+    the kernel must be one its broadcasting aligns right (no trailing dims)."""
+    parts = scatter_parts(node)
+    base, values = node.args[0], node.args[2]
+    if group.kind != "pointwise":
+        return None, "a scatter joins only pointwise kernels"
+    if values not in group.roles:
+        # (joining a kernel for its indices or its buffer alone made that kernel wait for the
+        # values' kernel: Mixtral's experts, each scattered into one buffer, ran in a cycle)
+        return None, "a scatter joins only the kernel that computes its values"
+    if parts.shape != tuple(group.shape):
+        return None, f"the scattered values' shape {_fmt(parts.shape)} is not the group's"
+    if is_scatter(base):
+        theirs = scatter_parts(base)
+        if base not in group.roles or set(base.users) != {node}:
+            return None, "scatters into one buffer share one kernel"
+        if (parts.first, len(parts.indices), parts.broadcast) != (theirs.first, len(theirs.indices), theirs.broadcast):
+            return None, "scatters into one buffer at other dims (one place computation a buffer)"
+    if parts.trail and any(i in group.roles for i in parts.indices):
+        return None, "an index computed here would broadcast along the wrong axis (dims follow the indexed ones)"
+    return "full", ""
+
+
 def _classify_reduction(node) -> tuple[str, str]:
     kind, dim_key, _ = REDUCTIONS[target_name(node)]
     src = node.args[0]
@@ -446,7 +538,10 @@ def is_column_reduction(node) -> bool:
 
 
 def full_shape(node, kind: str) -> tuple:
-    return dims(node.args[0]) if kind == "reduction" else dims(node)
+    """A new group's iteration shape: a reduction's input's; a scatter's values'; else the node's."""
+    if kind == "reduction":
+        return dims(node.args[0])
+    return scatter_parts(node).shape if is_scatter(node) else dims(node)
 
 
 def _strip(shape) -> tuple:
@@ -465,6 +560,10 @@ def role_in(group, node, kind: str) -> tuple[str | None, str]:
     """The role ``node`` would have in ``group`` ("full" or "row"), or (None, why not)."""
     shape = dims(node)
     inside = [p for p in node.all_input_nodes if p in group.roles]
+    if is_scatter(node):
+        return _scatter_role(group, node)
+    if any(is_scatter(p) for p in inside):
+        return None, "a scatter's buffer is complete only when its kernel has finished"
     if is_gather(node):
         return _gather_role(group, node, shape)
     if group.kind == "column":
@@ -477,8 +576,8 @@ def role_in(group, node, kind: str) -> tuple[str | None, str]:
         if inside:
             return None, "a cat reads its pieces from memory (their producers' kernel writes them)"
         return ("full", "") if shape == tuple(group.shape) else (None, f"shape {_fmt(shape)} is not the group's")
-    if kind == "reduction" and (has_cat(group) or has_gather(group)):
-        return None, "a kernel with a cat or a gather stays pointwise (the row templates read no pieces)"
+    if kind == "reduction" and (has_cat(group) or has_gather(group) or has_scatter(group)):
+        return None, "a kernel with a cat, a gather or a scatter stays pointwise (the row templates read no pieces)"
     if kind == "reduction":
         src = node.args[0]
         external = src not in group.roles

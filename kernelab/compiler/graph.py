@@ -166,6 +166,11 @@ class _State:
             self._merge_siblings(group, node)
             return
         self.refusals.extend(refused)  # kept only for nodes no producer's group could take
+        if fusion.is_scatter(node) and fusion.is_scatter(node.args[0]):
+            # it adds into the buffer of a scatter it cannot join: ATen adds into that kernel's output
+            node.meta["kl_scatter"] = False
+            self.eager[node] = "an accumulating index_put into a buffer another kernel's scatter fills: ATen"
+            return
         if kind == "view":
             self.eager[node] = ""  # a view launches nothing
             return
@@ -242,8 +247,8 @@ class _State:
         """same shape: full; (..., 1) rows of a reduction: row; a smaller shape that broadcasts
         (a (S, S) mask for (B, S, S) scores): full, recomputed at every element, if nothing
         outside the two groups reads it."""
-        if other.kind != "pointwise":
-            return None
+        if other.kind != "pointwise" or fusion.has_scatter(other):
+            return None  # (a scatter's buffer is complete only when its kernel has finished)
         if _stays_pointwise(other):  # its pieces are placed by coordinate: the same iteration space only
             # (a gathered value merged into a bigger pointwise kernel kept that kernel from joining
             # the row reduction after it: GPT-2's wte(ids) + wpe(positions) then took the layer
@@ -279,9 +284,9 @@ class _State:
 
 
 def _stays_pointwise(group: Group) -> bool:
-    """A kernel with a cat or a gather: its values are read at computed places, which only the
-    pointwise template does; its output is read by a reduction like any input."""
-    return fusion.has_cat(group) or fusion.has_gather(group)
+    """A kernel with a cat, a gather or a scatter: values read or written at computed places,
+    which only the pointwise template does; its output is read by a reduction like any input."""
+    return fusion.has_cat(group) or fusion.has_gather(group) or fusion.has_scatter(group)
 
 
 def _gathers_read_memory(nodes) -> bool:
@@ -354,6 +359,8 @@ def _splittable(group: Group, late: list) -> bool:
     """Whether ``late`` can leave ``group`` as a pointwise kernel of its own: any part of a
     pointwise group; of a row reduction, full-size pointwise members only (its reductions and
     per-row values stay, with everything they read)."""
+    if any(fusion.is_scatter(n) for n in late):
+        return False  # a scatter stays with the buffer its chain adds into
     if group.kind == "pointwise":
         return True
     return group.kind == "reduction" and all(group.roles[n] == "full" and not fusion.is_reduction(n) for n in late)

@@ -124,6 +124,7 @@ class Call:
     transient: bool = False  # counters zeroed per call instead (under CUDA graphs: see GroupRunner)
     empty: object = None  # (size, stride, dtype) -> uninitialized tensor on ``device``: see _allocator
     narrow: tuple = ()  # (output index, columns): padded outputs, allocated whole, viewed to their columns
+    zeroed: tuple = ()  # output indices zeroed before the launch: buffers its scatters add into
 
     def __post_init__(self):
         self.empty = _allocator(self.device)
@@ -327,6 +328,8 @@ class GroupRunner:
         outs = [empty(size, stride, dtype) for size, stride, dtype in call.outs]
         for i, cols in call.narrow:
             outs[i] = outs[i][..., :cols]
+        for i in call.zeroed:
+            outs[i].zero_()
         if into:
             self._in_place(call, outs, into)
         ins = [t.to(call.device) if i in call.move else t for i, t in enumerate(raw)] if call.move else raw
@@ -432,23 +435,30 @@ class GroupRunner:
     # -- pointwise --------------------------------------------------------------------------
     def prepare_pointwise(self, raw, shape, device) -> "Call":
         g = self.group
-        pieces = [load.role.startswith(("piece", "gsrc", "gidx")) for load in self.loads]
+        pieces = [load.role.startswith(("piece", "gsrc", "gidx", "sidx")) for load in self.loads]
         ins = [_placed(t, load, g, shape) for t, load in zip(raw, self.loads)]
-        outs = [_alloc(n, shape, META, self.padded.get(n)) for n in g.outputs]  # layouts only: no memory
-        if any(pieces):  # coordinates of given dims matter (a cat's, a gather's): every dim kept, in order
-            sizes, strides = list(shape), [list(t.stride()) for t in ins + outs]
+        scatters = {i: n for n, i in emit.scatter_outputs(g).items()}  # output index -> a scatter into it
+        # layouts only, no memory: a scatter's buffer in its own shape, the others in the group's
+        outs = [torch.empty(fusion.value(n).shape, dtype=fusion.value(n).dtype, device=META) if i in scatters
+                else _alloc(n, shape, META, self.padded.get(n)) for i, n in enumerate(g.outputs)]
+        walked = [_scatter_view(o, scatters[i]) if i in scatters else o for i, o in enumerate(outs)]
+        if any(pieces) or scatters:  # coordinates of given dims matter (a cat's, a gather's, a scatter's)
+            sizes, strides = list(shape), [list(t.stride()) for t in ins + walked]
         else:
             order = _iteration_order(outs[0] if outs else ins[0])
             sizes, strides = _collapse([shape[d] for d in order], [[t.stride(d) for d in order] for t in ins + outs])
         numel = math.prod(sizes)
-        sources = [t for t, load in zip(raw, self.loads) if load.role.startswith("gsrc")]
-        launch = self.pointwise_launch(sizes, strides + [list(t.stride()) for t in sources], numel,
-                                       [list(t.shape) for t in sources])
+        # gather sources and scatter buffers: an index may reach any of their elements
+        reached = [t for t, load in zip(raw, self.loads) if load.role.startswith("gsrc")] + \
+            [outs[i] for i in sorted(scatters)]
+        launch = self.pointwise_launch(sizes, strides + [list(t.stride()) for t in reached], numel,
+                                       [list(t.shape) for t in reached])
         block = launch.block["BLOCK"]
-        tail = [s for st in strides for s in st] + _gather_strides(raw, self.loads, g) + list(sizes) + [numel]
+        tail = [s for st in strides for s in st] + _gather_strides(raw, self.loads, g) + \
+            _scatter_strides(outs, scatters) + list(sizes) + [numel]
         return Call(self.kernel(launch.rank, True), ((numel + block - 1) // block,), tail,
                      {"BLOCK": block, "INT64": launch.int64, "num_warps": launch.num_warps},
-                     [_out_spec(o) for o in outs], device)
+                     [_out_spec(o) for o in outs], device, zeroed=tuple(sorted(scatters)))
 
     def pointwise_launch(self, sizes, strides, numel, source_sizes=()) -> Launch:
         """``source_sizes``: the sizes of gathers' sources, whose strides end ``strides``: an index
@@ -689,6 +699,25 @@ def _gather_strides(raw, loads, group) -> list[int]:
         if load.role.startswith("gsrc"):
             parts = emit.gather_of(group, load)
             out += [t.stride(parts.first + k) for k in range(len(parts.indices))]
+    return out
+
+
+def _scatter_view(buf: torch.Tensor, scatter) -> torch.Tensor:
+    """A scatter's buffer as the pointwise kernel walks it over the values' shape: along the
+    buffer's kept dims, put along the indices' broadcast dims (the kernel adds index x stride)."""
+    parts = fusion.scatter_parts(scatter)
+    strides = (list(buf.stride()[:parts.first]) + [0] * parts.broadcast
+               + list(buf.stride()[parts.first + len(parts.indices):]))
+    return buf.as_strided(parts.shape, strides)
+
+
+def _scatter_strides(outs, scatters: dict) -> list[int]:
+    """Per scatter buffer, in output order, its strides along the indexed dims (the kernel's
+    ``out{i}_sstride{t}``)."""
+    out = []
+    for i in sorted(scatters):
+        parts = fusion.scatter_parts(scatters[i])
+        out += [outs[i].stride(parts.first + t) for t in range(len(parts.indices))]
     return out
 
 

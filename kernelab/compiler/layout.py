@@ -233,6 +233,8 @@ def _candidate(node: fx.Node) -> int | None:
 def _padding_kernel(group, node) -> bool:
     """Generated kernels that take an output's row stride: pointwise ones (every stride is an
     argument) and the full-size outputs of row reductions."""
+    if fusion.is_scatter(node):  # its buffer is the scatter's own, added into at computed places
+        return False
     return group.kind == "pointwise" or (group.kind == "reduction" and group.roles.get(node) == "full")
 
 

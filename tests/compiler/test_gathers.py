@@ -207,12 +207,16 @@ def test_an_index_made_by_a_constant_fill():
 
 def test_the_backward_of_a_gather_at_four_places_accumulates_into_one_buffer():
     """Bilinear interpolation's backward: the four neighbours' scatters add into one zero fill
-    (``rewrites.scatter_sums_into_one_buffer``), not four fills summed by three adds."""
+    (``rewrites.scatter_sums_into_one_buffer``), not four fills summed by three adds; the four are
+    atomic adds of the kernel that computes their values (``fusion.scatter_refusal``), none ATen's."""
     x = torch.randn(2, 3, 5, 6, requires_grad=True)
     plan = klc.explain(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear").sum().backward(), x)
     (backward,) = [gp for gp in plan.graphs if gp.kind == "backward"]
     ops = [e[1] for e in backward.eager]
-    assert ops.count("aten.index_put_.default") == 4 and ops.count("aten.full.default") == 1, ops
+    assert "aten.index_put_.default" not in ops, ops
+    scatters = [g for g in backward.groups if any(op.endswith("= index_put_") for op in g.ops)]
+    assert len(scatters) == 1 and sum(op.endswith("= index_put_") for op in scatters[0].ops) == 4, \
+        [g.ops for g in backward.groups]
     adds_only = [g for g in backward.groups if all(op.endswith("= add") for op in g.ops)]
     assert not adds_only  # the four scatters' sums are gone
 
@@ -238,7 +242,9 @@ def test_the_place_scatter_add_kernel_matches_aten():
     assert scatter.ScatterAddRows().kernel_for(torch.zeros(2, 3, 5, 6), [None, None, ih, iw], values) is None
 
 
-def test_an_interpolations_backward_runs_the_place_kernel(monkeypatch):
+def test_an_interpolations_backward_scatters_in_its_kernel(monkeypatch):
+    """The four scatters run inside the generated kernel (no place kernel, no ATen index_put_);
+    under deterministic algorithms they are ATen's sorted kernel's, and the gradient is the same."""
     from kernelab.compiler import scatter
 
     calls = []
@@ -246,11 +252,42 @@ def test_an_interpolations_backward_runs_the_place_kernel(monkeypatch):
     monkeypatch.setattr(scatter, "_scatter_add_places", lambda *a: calls.append(1) or real(*a))
     fn = PROGRAMS["bilinear"][0]
     x = torch.randn(2, 3, 5, 6)
-    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
     dy = torch.randn(2, 3, 10, 12)
+    a = x.clone().requires_grad_()
     fn(a).backward(dy)
-    torch.compile(fn, backend="kernelab")(b).backward(dy)
-    assert len(calls) == 4 and rel_norm(b.grad, a.grad) <= REL
+    for deterministic in (False, True):
+        torch._dynamo.reset()
+        b = x.clone().requires_grad_()
+        torch.use_deterministic_algorithms(deterministic)
+        try:
+            klc.reset_events()
+            torch.compile(fn, backend="kernelab")(b).backward(dy)
+            plan = klc.explain(lambda x: fn(x).backward(dy), x.clone().requires_grad_())
+        finally:
+            torch.use_deterministic_algorithms(False)
+        assert rel_norm(b.grad, a.grad) <= REL and not klc.events().fallbacks
+        aten_scatters = [e for gp in plan.graphs for e in gp.eager if e[1] == "aten.index_put_.default"]
+        assert len(aten_scatters) == (4 if deterministic else 0), aten_scatters
+    assert not calls
+
+
+def test_a_proved_scatter_into_a_computed_buffer_runs_the_place_kernel(monkeypatch):
+    """A scatter adding into a buffer that is not zeros (a fill of another value: the kernels' atomic
+    adds start from the runner's zero fill) stays outside the kernels; with its indices proved it
+    runs the place kernel."""
+    from kernelab.compiler import scatter
+
+    calls = []
+    real = scatter._scatter_add_places
+    monkeypatch.setattr(scatter, "_scatter_add_places", lambda *a: calls.append(1) or real(*a))
+
+    def fn(x, v):
+        idx = torch.arange(4) * 2
+        return aten.index_put.default(torch.full((3, 8), 1.5), [None, idx], v * 2, True).sin() + x
+
+    x, v = torch.randn(3, 8), torch.randn(3, 4)
+    assert rel_norm(torch.compile(fn, backend="kernelab")(x, v), fn(x, v)) <= REL
+    assert len(calls) == 1
 
 
 def test_an_embedding_of_token_ids_stays_aten_and_of_positions_is_generated():
