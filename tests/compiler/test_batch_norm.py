@@ -198,3 +198,50 @@ def test_generated_batch_norm_forward_without_gradients(monkeypatch):
             assert_close(compiled(x), ref(x), what="output")
     for a, b in zip(net.buffers(), ref.buffers()):
         assert_close(a, b, what="buffer")
+
+
+@pytest.mark.parametrize("name", ["resnet", "efficientnet_b0"])
+def test_models_with_batch_norms_generated(monkeypatch, name):
+    """A training step of the zoo's ResNet and timm's EfficientNet-B0 (squeeze-excite, SiLU) with
+    the norms' forward and backward generated: loss, every parameter's gradient and every
+    running statistic against eager, nothing fallen back."""
+    from tests.compiler.conftest import REL, gradients_off, rel_norm
+    from tests.compiler.test_more_models import MODELS, _inputs, _loss
+
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
+    monkeypatch.setenv("KERNELAB_STRICT", "1")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    if name == "resnet":
+        from kernelab.zoo import ZOO
+
+        zm = ZOO["resnet"]
+        model, inputs = zm.build("tiny")
+
+        def loss_of(m):
+            return zm.loss(m, inputs)
+    else:
+        make, kind = MODELS[name]
+        model, inputs = make().train(), _inputs(kind)
+
+        def loss_of(m):
+            return _loss(m, inputs, kind)
+    ref_model = copy.deepcopy(model)
+    ref_loss = loss_of(ref_model)
+    ref_loss.backward()
+    klc.reset_events()
+    loss = loss_of(torch.compile(model, backend="kernelab"))
+    loss.backward()
+    events = klc.events()
+    assert events.fallbacks == [] and events.kernels_launched > 0, str(events)
+    assert rel_norm(loss.detach(), ref_loss.detach()) < REL
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    ref = {n: p.grad for n, p in ref_model.named_parameters() if p.grad is not None}
+    assert not gradients_off(grads, ref), gradients_off(grads, ref)
+    for (n, a), (_, b) in zip(model.named_buffers(), ref_model.named_buffers()):
+        if a.is_floating_point():  # (a mean that is 0 in exact arithmetic, after a norm and a
+            # bias-free conv, is noise on both sides: absolute slack)
+            assert torch.allclose(a, b, rtol=REL, atol=1e-6), (n, (a - b).abs().max())
+        else:
+            assert torch.equal(a, b), n
