@@ -374,21 +374,35 @@ def _gather_refusal(node) -> str:
     source, indices = gather_indices(node)
     if not is_tensor_node(source) or is_constant(source) or not static_shape(value(source)):
         return "a gather from a constant or a source of symbolic sizes is not generated"
-    dims_ = [d for d, i in enumerate(indices) if i is not None]
-    if not dims_ or dims_ != list(range(dims_[0], dims_[-1] + 1)):
-        return "a gather whose indexed dims are not consecutive (its result's dims move) is not generated"
-    if any(not is_tensor_node(indices[d]) or value(indices[d]).dtype not in (torch.int64, torch.int32)
-           for d in dims_):
-        return "a gather by a boolean mask (its size depends on the data) is not generated"
+    why = _index_kinds_refusal(indices, "gather")
+    if why:
+        return why
     if not static_shape(value(node)):
         return "a gather of symbolic sizes is not generated"
     sizes = value(source).shape
+    dims_ = [d for d, i in enumerate(indices) if i is not None]
     if tuple(value(node).shape) != gathered_shape(sizes, [value(indices[d]).shape for d in dims_], dims_):
         return "a gather whose result is not the source with its indexed dims replaced is not generated"
-    for d in dims_:
-        if not bounds.within(indices[d], sizes[d]):
-            return (f"indices from the data (dim {d} of {sizes[d]}): ATen checks their range, a kernel "
-                    "would read out of bounds")
+    return _index_range_refusal(indices, sizes, "a kernel would read out of bounds")
+
+
+def _index_kinds_refusal(indices, what: str) -> str:
+    """Why a gather's or a scatter's indices are not generated ("" when they are): integer tensors
+    on consecutive dims (a boolean mask's result size depends on the data)."""
+    dims_ = [d for d, i in enumerate(indices) if i is not None]
+    if not dims_ or dims_ != list(range(dims_[0], dims_[-1] + 1)):
+        return f"a {what} whose indexed dims are not consecutive (its result's dims move) is not generated"
+    if any(not is_tensor_node(indices[d]) or value(indices[d]).dtype not in (torch.int64, torch.int32)
+           for d in dims_):
+        return f"a {what} by a boolean mask (its size depends on the data) is not generated"
+    return ""
+
+
+def _index_range_refusal(indices, sizes, risk: str) -> str:
+    """"" when every index is proved within its dim's size (``bounds``); else why not."""
+    for d, index in enumerate(indices):
+        if index is not None and not bounds.within(index, sizes[d]):
+            return f"indices from the data (dim {d} of {sizes[d]}): ATen checks their range, {risk}"
     return ""
 
 
@@ -450,21 +464,16 @@ def scatter_refusal(node) -> str:
     bv = value(base)
     if bv.dtype != torch.float32 or not static_shape(bv) or bv.numel() == 0:
         return "atomic adds are generated in float32 only, into buffers of static sizes"
-    dims_ = [d for d, i in enumerate(indices) if i is not None]
-    if not dims_ or dims_ != list(range(dims_[0], dims_[-1] + 1)):
-        return "a scatter whose indexed dims are not consecutive"
-    if any(not is_tensor_node(indices[d]) or value(indices[d]).dtype not in (torch.int64, torch.int32)
-           for d in dims_):
-        return "a scatter by a boolean mask or non-integer indices"
+    why = _index_kinds_refusal(indices, "scatter")
+    if why:
+        return why
     if not (is_tensor_node(values) and not is_constant(values) and value(values).dtype == bv.dtype
             and static_shape(value(values))):
         return "a scatter of values of another dtype, or of a constant"
+    dims_ = [d for d, i in enumerate(indices) if i is not None]
     if tuple(value(values).shape) != gathered_shape(bv.shape, [value(indices[d]).shape for d in dims_], dims_):
         return "a scatter whose values are not the gather's shape"
-    for d in dims_:
-        if not bounds.within(indices[d], bv.shape[d]):
-            return f"indices from the data (dim {d} of {bv.shape[d]}): ATen checks their range"
-    return ""
+    return _index_range_refusal(indices, bv.shape, "a kernel would add out of bounds")
 
 
 def _scatter_role(group, node) -> tuple[str | None, str]:
