@@ -339,11 +339,32 @@ def sdpa_backward(op, ctx):
 
 
 def batch_norm(op, ctx):
-    """Eval: one elementwise kernel with the running statistics. Train: statistics, then normalize."""
+    """Eval: one elementwise kernel with the running statistics. Train (``native_batch_norm``,
+    which a CPU trace of eager ``F.batch_norm`` records where a GPU runs ``cudnn_batch_norm``):
+    cuDNN's one kernel."""
     if not op.args.get("training", True):
         return [_kernel(op, "pointwise", "batch_norm (eval)")]
     return [_kernel(op, "reduction", "batch_norm (train, cuDNN single read)", confidence="low",
                     reason="cuDNN picks single-read or two-pass statistics by size")]
+
+
+def native_batch_norm_legit(op, ctx):
+    """``_native_batch_norm_legit`` (called directly by compiled graphs, never by eager
+    ``F.batch_norm``), training: ATen's own CUDA kernels (``batch_norm_cuda_out``): the statistics
+    (``batch_norm_collect_statistics_kernel``, one block per channel, reading x), the running
+    statistics' update with the inverse std (``batch_norm_update_stats_and_invert``, or the inverse
+    std alone without running statistics: a kernel over C values), and the transform (reading x,
+    writing y). The H200 profile of ResNet-50's compiled step shows the first and the last once per
+    norm (``results/zoo_profile_resnet_bn_backward_stop27_h200.txt``)."""
+    if not op.args.get("training", True):
+        return [_kernel(op, "pointwise", "batch_norm (eval)")]
+    x, out = op.inputs[0], op.outputs[0]
+    small = [t for t in op.written if t is not out]
+    return [_kernel(op, "reduction", "batch_norm statistics", reads=[x], writes=op.outputs[1:3]),
+            _kernel(op, "pointwise", "batch_norm running statistics and inverse std", reads=op.outputs[1:3],
+                    writes=small),
+            _kernel(op, "pointwise", "batch_norm transform", reads=[x] + list(op.outputs[1:3]) + list(op.inputs[1:3]),
+                    writes=[out])]
 
 
 def nll_loss_backward(op, ctx):
@@ -609,9 +630,12 @@ RULES: dict[str, Rule] = {
     "aten.native_layer_norm": one("reduction", "layer_norm"),
     "aten.native_layer_norm_backward": low("reduction", "layer_norm backward: input grad plus weight/bias grads", 2),
     "aten._native_batch_norm_legit_no_training": one("pointwise", "batch_norm (eval)"),
-    "aten._native_batch_norm_legit": batch_norm, "aten._native_batch_norm_legit_functional": batch_norm,
+    "aten._native_batch_norm_legit": native_batch_norm_legit,
+    "aten._native_batch_norm_legit_functional": native_batch_norm_legit,
     "aten.native_batch_norm": batch_norm,
-    "aten.native_batch_norm_backward": low("reduction", "batch_norm backward", 2),
+    # one kernel: cuDNN's (eager on a GPU) and ATen's fused reduction and elementwise kernel
+    # (compiled graphs; NCHW, input gradient wanted: ``batch_norm_backward_cuda``)
+    "aten.native_batch_norm_backward": low("reduction", "batch_norm backward", 1),
     "aten.native_group_norm": low("reduction", "group_norm: statistics then normalize", 2),
     # scans and sorts
     "aten.cumsum": cumsum, "aten.cumprod": cumsum,
