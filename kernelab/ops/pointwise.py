@@ -428,6 +428,8 @@ def _run(kind: str, a, b):
     """Promote dtypes as PyTorch does, then run the fused kernel (or the PyTorch reference)."""
     if not isinstance(a, torch.Tensor):
         raise TypeError(f"{kind}(): argument 'input' must be Tensor, not {type(a).__name__}")
+    if not isinstance(b, (torch.Tensor, numbers.Number)):  # (None raised an AttributeError inside)
+        raise TypeError(f"{kind}(): the second operand must be a Tensor or a number, not {type(b).__name__}")
     dtype = _result_type(a, b)
     device = a.device
     tensor = isinstance(b, torch.Tensor)

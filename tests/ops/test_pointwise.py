@@ -78,6 +78,11 @@ def test_scalar_operand_and_errors():
     with pytest.raises(RuntimeError):
         K.add_relu(torch.randn(3, 4), torch.randn(5))  # shapes do not broadcast
     assert torch.equal(K.add_relu(torch.arange(-2, 3), torch.tensor(1)), torch.relu(torch.arange(-2, 3) + 1))
+    for other in (None, "a", [1.0]):  # a TypeError as torch's, not an AttributeError from inside
+        with pytest.raises(TypeError, match="second operand must be a Tensor or a number"):
+            K.add_relu(a, other)
+        with pytest.raises(TypeError):
+            torch.relu(a + other)
 
 
 def test_int64_offsets_path():
