@@ -58,7 +58,7 @@ def direct_launch() -> bool:
 
 
 def _aten_or_generated(name: str) -> str:
-    value = _flag(name, "aten")
+    value = _flag(name, "aten") or "aten"  # set but empty: the default
     if value not in ("aten", "generated"):
         raise ValueError(f"{name} must be 'aten' or 'generated', not {value!r}")
     return value

@@ -162,7 +162,10 @@ def keepdim(node) -> bool:
 
 
 def classify(node: fx.Node) -> tuple[str, str]:
-    """(kind, reason): kind is pointwise | reduction | column | view | constant | eager."""
+    """(kind, reason): kind is pointwise | reduction | column | scatter | view | constant | eager. A
+    scatter joins a pointwise kernel (``role_in``), but is no pointwise op: it writes at computed
+    places, so no chain of pointwise ops (a column reduction's prologue, an unsqueeze lifted toward
+    the inputs) may take it."""
     name = target_name(node)
     val = value(node)
     if node.target.__module__ == "_operator" or isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -197,8 +200,8 @@ def classify(node: fx.Node) -> tuple[str, str]:
     if accumulating_index_put(node):
         why = scatter_refusal(node)
         node.meta["kl_scatter"] = not why
-        if not why:
-            return "pointwise", ""
+        if not why:  # a kind of its own: no rewrite or prologue that moves pointwise chains takes it
+            return "scatter", ""
         return "eager", ("an accumulating index_put: the row scatter-add kernel (kl_scatter_add_rows, "
                          f"scatter.py) runs it where it fits, else ATen ({why})")
     return "eager", f"no Triton rule for {name}"

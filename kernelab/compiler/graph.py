@@ -98,7 +98,8 @@ def absorb_copies(part: Partition) -> None:
     """``copy_(buf, v)`` of a graph input ``buf`` that only ``v``'s kernel reads otherwise (a
     training batch norm's running statistics, kept in the graph as their update:
     ``keep_inference_input_mutations``) -> that kernel stores ``v`` into ``buf`` itself, instead
-    of writing ``v`` and an ATen copy (a launch per buffer) copying it over. The kernel reads each
+    of writing ``v`` and an ATen copy (a launch per buffer) copying it over, where nothing else
+    reads ``v`` (returned or saved for the backward, it must stay a tensor of its own). The kernel reads each
     old value where it stores the new one: a pointwise kernel at the same element (``v`` has the
     kernel's full shape), a column kernel in its per-column epilogue, after every read of its
     prologue (the epilogue runs once all of a column's row blocks have arrived). The copy node
@@ -112,7 +113,13 @@ def absorb_copies(part: Partition) -> None:
                 buf = copy.args[0] if copy.target is torch.ops.aten.copy_.default and len(copy.args) == 2 else None
                 if buf is None or copy.args[1] is not v or buf in taken or not _stores_in_place(group, v, buf):
                     continue
-                if all(u is copy or u in members for u in buf.users):
+                # the buffer read by this kernel alone; the value by nothing but the copy and the
+                # kernel: a value also returned or saved for the backward would be the buffer
+                # itself, which the next call updates in place (autograd's "modified by an inplace
+                # operation", or a saved tensor changed silently through .data: found by a
+                # held-out sweep)
+                if all(u is copy or u in members for u in buf.users) and \
+                        all(u is copy or u in members for u in v.users):
                     part.into[copy] = (group, v, buf)
                     part.eager[copy] = ""  # no ATen op: listed with the plan's in-place stores
                     taken.add(buf)

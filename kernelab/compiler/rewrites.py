@@ -1031,10 +1031,10 @@ def batch_norms_in_place(gm: fx.GraphModule) -> int:
     aot_autograd otherwise copied each of the three back with a ``memcpy`` after the graph (ResNet's
     training step launched more kernels than eager: 60 copies for 20 norms, ``count(predict=True)``).
     Only where the buffers are read by nothing else before the update."""
-    count, increments = 0, []
+    count, increments, saved = 0, [], []
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is aten._native_batch_norm_legit_functional.default:
-            count += _norm_in_place(gm, node)
+            count += _norm_in_place(gm, node, saved)
         elif node.op == "call_function" and node.target is aten.copy_.default:
             found = _increment(node)
             if found is not None:
@@ -1045,10 +1045,14 @@ def batch_norms_in_place(gm: fx.GraphModule) -> int:
         by_step.setdefault((value.args[1], v.dtype, v.device), []).append((copy, buf, value))
     for (step, _, _), items in by_step.items():
         count += _increments_in_place(gm, items, step)
+    _snapshots(gm, saved)
     return _cleanup(gm, count)
 
 
-def _norm_in_place(gm: fx.GraphModule, norm: fx.Node) -> int:
+def _norm_in_place(gm: fx.GraphModule, norm: fx.Node, saved: list) -> int:
+    """One functional norm -> ATen's in-place norm; its new running statistics that the graph
+    also returns (saved for ATen's backward) are appended to ``saved`` as (getitem, buffer, the
+    in-place norm): they must stay tensors of their own (``_snapshots``)."""
     running = norm.args[3:5]
     outs = {u.args[1]: u for u in norm.users if u.target is operator.getitem}
     copies = []
@@ -1070,10 +1074,39 @@ def _norm_in_place(gm: fx.GraphModule, norm: fx.Node) -> int:
             outs[k].args = (new, k)
     for got, copy, buf in copies:
         gm.graph.erase_node(copy)
-        got.replace_all_uses_with(buf)  # the returned new value is the updated buffer
+        readers = list(got.users)
+        got.replace_all_uses_with(buf)  # for now: _snapshots gives these readers a copy
         gm.graph.erase_node(got)
+        if readers:
+            saved.append((readers, buf, new))
     gm.graph.erase_node(norm)
     return 1
+
+
+def _snapshots(gm: fx.GraphModule, saved: list) -> None:
+    """The new running statistics a graph returns (ATen's batch norm backward takes them, so
+    aot_autograd saves them), as copies of the updated buffers: one ``_foreach_mul(buffers, 1)``
+    (one launch on CUDA, exact copies) ordered after every in-place norm (``kl_after``: the
+    runner's schedule honours it; nothing else orders a read of a buffer after an op that writes
+    it through a later argument). Returning the buffer itself instead (before 2026-12-05) broke
+    models that call a norm twice before one backward (siamese or contrastive encoders, a GAN's
+    discriminator on real then fake data): the second call updated the saved tensor in place and
+    autograd raised "modified by an inplace operation"."""
+    if not saved:
+        return
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(output):
+        copies = gm.graph.call_function(aten._foreach_mul.Scalar, ([buf for _, buf, _ in saved], 1.0))
+    vals = [fusion.value(buf) for _, buf, _ in saved]
+    with vals[0].fake_mode:
+        copies.meta["val"] = [torch.empty_like(v) for v in vals]
+    copies.meta["kl_after"] = [norm for _, _, norm in saved]
+    for i, (readers, buf, _) in enumerate(saved):
+        with gm.graph.inserting_before(output):
+            item = gm.graph.call_function(operator.getitem, (copies, i))
+        item.meta["val"] = copies.meta["val"][i]
+        for reader in readers:  # (the buffer stood in for the new value only in these readers)
+            reader.replace_input_with(buf, item)
 
 
 def _increment(copy: fx.Node) -> tuple | None:

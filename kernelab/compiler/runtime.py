@@ -309,6 +309,9 @@ def _schedule(gm, part, runners) -> list:
             mutated = fusion.mutated_input(n)
             if mutated is not None:  # an input written in place: after everything else that reads it
                 deps[u].update(unit_of[r] for r in mutated.users if r in unit_of and unit_of[r] != u)
+            # ordered after ops it has no edge from (rewrites._snapshots: copies of buffers that
+            # in-place norms update through a later argument)
+            deps[u].update(unit_of[p] for p in n.meta.get("kl_after", ()) if p in unit_of and unit_of[p] != u)
     order, done = [], set()
     while len(order) < len(units):
         progressed = False

@@ -92,8 +92,11 @@ def test_generated_batch_norm_forward_other_settings(monkeypatch, layout):
 def test_generated_batch_norm_forward_is_three_kernels_a_norm(monkeypatch):
     """One norm's forward: the statistics' row kernel, the column kernel that finishes them and
     updates the running statistics in place, and the transform with the ReLU; no ATen batch norm,
-    no copies of the running statistics, one ``_foreach_add_`` for both norms' counters."""
+    no copies of the running statistics, one ``_foreach_add_`` for both norms' counters. (With
+    ATen's backward, which takes the new running statistics, they stay tensors of their own and
+    are copied into the buffers: ``graph.absorb_copies``.)"""
     monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
     torch._dynamo.reset()
     torch.manual_seed(0)
     net = torch.nn.Sequential(_conv_bn_relu(3, 8), _conv_bn_relu(8, 8))
@@ -245,3 +248,48 @@ def test_models_with_batch_norms_generated(monkeypatch, name):
             assert torch.allclose(a, b, rtol=REL, atol=1e-6), (n, (a - b).abs().max())
         else:
             assert torch.equal(a, b), n
+
+
+class _Ema(torch.nn.Module):
+    """A buffer updated in the forward whose new value the output uses (returned through a clone)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("ema", torch.ones(3))
+
+    def forward(self, x):
+        self.ema.mul_(0.5).add_(0.5 * x.detach().mean(0))
+        return x * self.ema.clone()
+
+
+@pytest.mark.parametrize("forward", ["aten", "generated"])
+@pytest.mark.parametrize("model", ["conv-bn-relu", "linear-bn1d", "ema"])
+def test_a_model_called_twice_before_one_backward(monkeypatch, forward, model):
+    """Siamese or contrastive encoders, a GAN's discriminator on real then fake data: the same
+    norm twice, then one backward. The running statistics the backward's ATen norm takes were
+    saved as the buffer itself, which the second call updated in place ("modified by an inplace
+    operation"); a buffer's new value stored in place by its kernel likewise (found by a held-out
+    sweep). Gradients and buffers against eager."""
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", forward)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    if model == "conv-bn-relu":
+        net, shape = torch.nn.Sequential(_conv_bn_relu(3, 4), torch.nn.Conv2d(4, 2, 1)), (2, 3, 6, 6)
+    elif model == "linear-bn1d":
+        net = torch.nn.Sequential(torch.nn.Linear(5, 4, bias=False), torch.nn.BatchNorm1d(4), torch.nn.Tanh(),
+                                  torch.nn.Linear(4, 3))
+        shape = (6, 5)
+    else:
+        net, shape = _Ema(), (4, 3)
+    ref, mine = copy.deepcopy(net), copy.deepcopy(net)
+    compiled = torch.compile(mine, backend="kernelab")
+    xa, xb = _r(*shape, seed=1), _r(*shape, seed=2) + 1
+    results = []
+    for f, module in ((compiled, mine), (ref, ref)):
+        a, b = xa.clone().requires_grad_(), xb.clone().requires_grad_()
+        ya, yb = f(a), f(b)
+        w = _r(*ya.shape, seed=3)
+        ((ya * w).sum() + (yb * w * w).sum()).backward()
+        results.append([a.grad, b.grad] + [p.grad for p in module.parameters()] + list(module.buffers()))
+    for got, want in zip(*results):
+        assert_close(got, want, what="gradient or buffer")
