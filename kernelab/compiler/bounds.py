@@ -34,7 +34,8 @@ SLACK = 1e-5
 _SAME = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
          aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.expand.default, aten.clone.default,
          aten.alias.default, aten.permute.default, aten.slice.Tensor, aten.select.int,
-         aten.t.default, aten.transpose.int, aten.contiguous.default}
+         aten.t.default, aten.transpose.int, aten.contiguous.default,
+         aten.flip.default}  # (a flip reorders the values: the same range; ``torch.flip``'d aranges)
 _CASTS = {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
 _ARANGES = {aten.arange.default, aten.arange.start, aten.arange.start_step}
 _ROUNDING = {aten.floor.default: math.floor, aten.ceil.default: math.ceil, aten.trunc.default: math.trunc,
@@ -167,7 +168,22 @@ def _arithmetic(node: fx.Node) -> tuple[float, float] | None:
     if target in (aten.remainder.Scalar, aten.remainder.Tensor) and not _is_float(node):
         n = bounds(args[1])
         return (0.0, n[0] - 1) if n is not None and n[0] == n[1] and n[0] >= 1 else None
+    if target in (aten.fmod.Scalar, aten.fmod.Tensor) and not _is_float(node):
+        return _fmod(bounds(args[0]), bounds(args[1]))
     return None
+
+
+def _fmod(a, n) -> tuple[float, float] | None:
+    """C's remainder (the dividend's sign) of integers by a positive constant: ``torch.roll``'s
+    indices, ``(arange(L) + shift) % L`` as its decomposition writes it."""
+    if a is None or n is None or n[0] != n[1] or n[0] < 1:
+        return None
+    top = n[0] - 1
+    if a[0] >= 0:
+        return (0.0, min(a[1], top))
+    if a[1] <= 0:
+        return (max(a[0], -top), 0.0)
+    return (-top, top)
 
 
 def _divided(node: fx.Node) -> tuple[float, float] | None:

@@ -387,3 +387,32 @@ def test_a_scatter_never_joins_a_column_sum(case):
     dy = torch.randn(want.shape, generator=g)
     for a, b in zip(torch.autograd.grad(got, mine_args, dy), torch.autograd.grad(want, eager_args, dy)):
         assert rel_norm(a, b) <= REL
+
+
+@pytest.mark.parametrize("case", ["flip", "roll", "roll_negative", "fmod_negative"])
+def test_flipped_and_rolled_indices_are_proved(case):
+    """``x[:, arange(n).flip(0)]`` and ``torch.roll`` (whose decomposition gathers at
+    ``fmod(arange + shift, n)``) have proved indices (``bounds``): generated gathers, and their
+    backward's scatters, against eager. A C-style remainder of possibly negative values may be
+    negative: not proved within [0, n) (ATen's, with its range check)."""
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(0))
+    fns = {
+        "flip": lambda x: (x * 2)[:, torch.arange(6).flip(0)],
+        "roll": lambda x: torch.roll(x * 2, 2, 1),
+        "roll_negative": lambda x: torch.roll(x * 2, -4, 1),
+        "fmod_negative": lambda x: (x * 2)[:, torch.fmod(torch.arange(6) - 3, 6)],
+    }
+    fn = fns[case]
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = fn(a)  # (negative indices count from the end in eager indexing)
+    got = torch.compile(fn, backend="kernelab")(b)
+    assert rel_norm(got, want) <= REL
+    dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+    assert rel_norm(torch.autograd.grad(got, b, dy)[0], torch.autograd.grad(want, a, dy)[0]) <= REL
+    torch._dynamo.reset()
+    plan = klc.explain(fn, x)
+    gathers_left = [e for gp in plan.graphs for e in gp.eager if e[1] in ("aten.index.Tensor", "aten.index_select.default")]
+    if case == "fmod_negative":
+        assert gathers_left and "indices from the data" in gathers_left[0][2], gathers_left
+    else:
+        assert not gathers_left, gathers_left
