@@ -487,9 +487,12 @@ def _scatter_role(group, node) -> tuple[str | None, str]:
     base, values = node.args[0], node.args[2]
     if group.kind != "pointwise":
         return None, "a scatter joins only pointwise kernels"
-    if values not in group.roles:
+    scatters_only = all(is_scatter(n) for n in group.nodes)
+    if values not in group.roles and not (is_scatter(base) and base in group.roles and scatters_only):
         # (joining a kernel for its indices or its buffer alone made that kernel wait for the
-        # values' kernel: Mixtral's experts, each scattered into one buffer, ran in a cycle)
+        # values' kernel: Mixtral's experts, each scattered into one buffer, ran in a cycle. A
+        # kernel of scatters alone, reading values another kernel wrote (a row kernel's: the
+        # backward of an interpolation before a softmax), takes the rest of its chain.)
         return None, "a scatter joins only the kernel that computes its values"
     if parts.shape != tuple(group.shape):
         return None, f"the scattered values' shape {_fmt(parts.shape)} is not the group's"

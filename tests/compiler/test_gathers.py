@@ -416,3 +416,24 @@ def test_flipped_and_rolled_indices_are_proved(case):
         assert gathers_left and "indices from the data" in gathers_left[0][2], gathers_left
     else:
         assert not gathers_left, gathers_left
+
+
+def test_scatters_of_values_a_row_kernel_wrote_share_one_kernel():
+    """The backward of an interpolation before a softmax: the row kernel of the softmax's backward
+    writes the four neighbours' values, and the four scatters are one kernel of their own (the
+    first took a kernel of its own and the other three ran as ATen's ``index_put_``)."""
+    x = torch.randn(2, 3, 5, 6, generator=torch.Generator().manual_seed(0))
+    dy = torch.randn(2, 3, 10, 12, generator=torch.Generator().manual_seed(1))
+
+    def fn(x):
+        return F.interpolate(x, scale_factor=2, mode="bilinear").softmax(-1)
+
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = torch.autograd.grad(fn(a), a, dy)[0]
+    got = torch.autograd.grad(torch.compile(fn, backend="kernelab")(b), b, dy)[0]
+    assert rel_norm(got, want) <= REL
+    torch._dynamo.reset()
+    plan = klc.explain(lambda x: torch.autograd.grad(fn(x), x, dy), x.clone().requires_grad_())
+    assert not [e for gp in plan.graphs for e in gp.eager if "index_put" in e[1]]
+    scatters = [g for gp in plan.graphs for g in gp.groups if any(op.endswith("= index_put_") for op in g.ops)]
+    assert len(scatters) == 1, [g.name for g in scatters]
