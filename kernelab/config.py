@@ -57,8 +57,8 @@ def direct_launch() -> bool:
     return _flag("KERNELAB_DIRECT_LAUNCH", "1") != "0"
 
 
-def _aten_or_generated(name: str) -> str:
-    value = _flag(name, "aten") or "aten"  # set but empty: the default
+def _aten_or_generated(name: str, value: str) -> str:
+    value = value or "aten"  # set but empty: the default
     if value not in ("aten", "generated"):
         raise ValueError(f"{name} must be 'aten' or 'generated', not {value!r}")
     return value
@@ -66,13 +66,13 @@ def _aten_or_generated(name: str) -> str:
 
 def batch_norm_backward() -> str:
     """KERNELAB_BN_BACKWARD: "aten" (default: the backward op kept whole) or "generated"."""
-    return _aten_or_generated("KERNELAB_BN_BACKWARD")
+    return _aten_or_generated("KERNELAB_BN_BACKWARD", _flag("KERNELAB_BN_BACKWARD", "aten"))
 
 
 def batch_norm_forward() -> str:
     """KERNELAB_BN_FORWARD: "aten" (default: training batch norm's forward kept whole, ATen's
     kernels updating the running statistics) or "generated"."""
-    return _aten_or_generated("KERNELAB_BN_FORWARD")
+    return _aten_or_generated("KERNELAB_BN_FORWARD", _flag("KERNELAB_BN_FORWARD", "aten"))
 
 
 def static_launch() -> bool:

@@ -40,6 +40,10 @@ def test_every_setting_read_is_in_the_table():
     ("KERNELAB_PAD", config.pad, "0", False),
     ("KERNELAB_TEAMS", config.teams, "0", False),
     ("KERNELAB_GEMM_TUNE", config.gemm_tune, "1", True),
+    ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "generated", "generated"),
+    ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "", "aten"),
+    ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "generated", "generated"),
+    ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "", "aten"),
 ])
 def test_read_at_call_time(monkeypatch, name, fn, value, want):
     monkeypatch.delenv(name, raising=False)
@@ -60,3 +64,11 @@ def test_persistent_max_and_cache_root(monkeypatch, tmp_path):
         config.persistent_max(8192)
     monkeypatch.setenv("KERNELAB_CACHE", str(tmp_path))
     assert config.cache_root() == tmp_path
+
+
+@pytest.mark.parametrize("name, fn", [("KERNELAB_BN_FORWARD", config.batch_norm_forward),
+                                      ("KERNELAB_BN_BACKWARD", config.batch_norm_backward)])
+def test_batch_norm_settings_refuse_other_values(monkeypatch, name, fn):
+    monkeypatch.setenv(name, "cudnn")
+    with pytest.raises(ValueError, match=f"{name} must be 'aten' or 'generated', not 'cudnn'"):
+        fn()
