@@ -27,6 +27,7 @@ Three kinds of group:
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -90,11 +91,11 @@ def partition(gm: fx.GraphModule) -> Partition:
     for group in state.groups:
         _finish(group, state.group_of)
     part = Partition(state.groups, state.group_of, state.eager, state.refusals)
-    absorb_copies(part)
+    absorb_copies(gm, part)
     return part
 
 
-def absorb_copies(part: Partition) -> None:
+def absorb_copies(gm: fx.GraphModule, part: Partition) -> None:
     """``copy_(buf, v)`` of a graph input ``buf`` that only ``v``'s kernel reads otherwise (a
     training batch norm's running statistics, kept in the graph as their update:
     ``keep_inference_input_mutations``) -> that kernel stores ``v`` into ``buf`` itself, instead
@@ -104,25 +105,51 @@ def absorb_copies(part: Partition) -> None:
     kernel's full shape), a column kernel in its per-column epilogue, after every read of its
     prologue (the epilogue runs once all of a column's row blocks have arrived). The copy node
     stays in the graph and runs nothing; the runner copies after all where the buffer's layout
-    is not the one the kernel writes (``group_runner.GroupRunner.run_values``)."""
-    taken = set()
+    is not the one the kernel writes (``group_runner.GroupRunner.run_values``). A value the graph
+    also returns (saved for ATen's batch norm backward) is returned as a copy of the buffer
+    (``_returned_copies``): returned as the buffer itself, the next call's update changed it in
+    place (autograd's "modified by an inplace operation", or a saved tensor changed silently
+    through ``.data``: found by a held-out sweep)."""
+    taken, returned = set(), []
     for group in part.groups:
         members = set(group.nodes)
         for v in group.outputs:
-            for copy in v.users:
+            for copy in list(v.users):
                 buf = copy.args[0] if copy.target is torch.ops.aten.copy_.default and len(copy.args) == 2 else None
                 if buf is None or copy.args[1] is not v or buf in taken or not _stores_in_place(group, v, buf):
                     continue
-                # the buffer read by this kernel alone; the value by nothing but the copy and the
-                # kernel: a value also returned or saved for the backward would be the buffer
-                # itself, which the next call updates in place (autograd's "modified by an inplace
-                # operation", or a saved tensor changed silently through .data: found by a
-                # held-out sweep)
-                if all(u is copy or u in members for u in buf.users) and \
-                        all(u is copy or u in members for u in v.users):
+                others = [u for u in v.users if u is not copy and u not in members]
+                # the buffer read by this kernel alone; the value besides by the graph's output only
+                if all(u is copy or u in members for u in buf.users) and all(u.op == "output" for u in others):
                     part.into[copy] = (group, v, buf)
                     part.eager[copy] = ""  # no ATen op: listed with the plan's in-place stores
                     taken.add(buf)
+                    if others:
+                        returned.append((v, buf, group))
+    _returned_copies(gm, part, returned)
+
+
+def _returned_copies(gm: fx.GraphModule, part: Partition, returned: list) -> None:
+    """The returned values of ``returned`` ((value, buffer, group)) as copies of the buffers the
+    groups stored them into: one ``_foreach_mul(buffers, 1)`` (one launch on CUDA, exact copies),
+    ordered after those groups' kernels (``kl_after``, honoured by the runner's schedule)."""
+    if not returned:
+        return
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(output):
+        copies = gm.graph.call_function(torch.ops.aten._foreach_mul.Scalar, ([buf for _, buf, _ in returned], 1.0))
+    vals = [fusion.value(v) for v, _, _ in returned]
+    with vals[0].fake_mode:
+        copies.meta["val"] = [torch.empty_like(v) for v in vals]
+    copies.meta["kl_after"] = [group.nodes[0] for _, _, group in returned]
+    part.eager[copies] = "copies of the buffers kernels stored into, for the values the graph returns"
+    for i, (v, _, _) in enumerate(returned):
+        with gm.graph.inserting_before(output):
+            item = gm.graph.call_function(operator.getitem, (copies, i))
+        item.meta["val"] = copies.meta["val"][i]
+        part.eager[item] = ""
+        output.replace_input_with(v, item)
+    gm.recompile()
 
 
 def _stores_in_place(group: Group, v: fx.Node, buf: fx.Node) -> bool:

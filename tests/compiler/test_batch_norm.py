@@ -89,14 +89,15 @@ def test_generated_batch_norm_forward_other_settings(monkeypatch, layout):
     _compare(bn, x, dtype=x.dtype)
 
 
-def test_generated_batch_norm_forward_is_three_kernels_a_norm(monkeypatch):
+@pytest.mark.parametrize("backward", ["aten", "generated"])
+def test_generated_batch_norm_forward_is_three_kernels_a_norm(monkeypatch, backward):
     """One norm's forward: the statistics' row kernel, the column kernel that finishes them and
     updates the running statistics in place, and the transform with the ReLU; no ATen batch norm,
-    no copies of the running statistics, one ``_foreach_add_`` for both norms' counters. (With
-    ATen's backward, which takes the new running statistics, they stay tensors of their own and
-    are copied into the buffers: ``graph.absorb_copies``.)"""
+    no copies of the running statistics, one ``_foreach_add_`` for both norms' counters. ATen's
+    backward takes the new running statistics: the graph returns them as copies of the updated
+    buffers, one ``_foreach_mul`` for all (``graph._returned_copies``)."""
     monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
-    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", backward)
     torch._dynamo.reset()
     torch.manual_seed(0)
     net = torch.nn.Sequential(_conv_bn_relu(3, 8), _conv_bn_relu(8, 8))
@@ -110,6 +111,7 @@ def test_generated_batch_norm_forward_is_three_kernels_a_norm(monkeypatch):
     ops = [op for _, op, _ in forward.eager]
     assert not [op for op in ops if "batch_norm" in op or "copy_" in op], ops
     assert ops.count("aten._foreach_add_.Scalar") == 1, ops
+    assert ops.count("aten._foreach_mul.Scalar") == (1 if backward == "aten" else 0), ops
     assert len(forward.stored) == 4, forward.stored  # running mean and variance of both norms
     kinds = [g.kind for g in forward.groups]
     assert sorted(kinds) == ["column"] * 2 + ["pointwise"] * 2 + ["reduction"] * 2, \
