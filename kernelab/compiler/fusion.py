@@ -446,13 +446,6 @@ def scatter_parts(node) -> GatherParts:
                        tuple(value(values).shape))
 
 
-def scatter_base(node) -> fx.Node:
-    """The zero fill a chain of scatters into one buffer starts from."""
-    while is_scatter(node):
-        node = node.args[0]
-    return node
-
-
 def scatter_refusal(node) -> str:
     """Why an accumulating ``index_put_`` is not generated as atomic adds of a pointwise kernel
     ("" when it is): its base must be a float32 zero fill (or such a scatter, several into one

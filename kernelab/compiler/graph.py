@@ -27,7 +27,6 @@ Three kinds of group:
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -99,9 +98,9 @@ def absorb_copies(gm: fx.GraphModule, part: Partition) -> None:
     """``copy_(buf, v)`` of a graph input ``buf`` that only ``v``'s kernel reads otherwise (a
     training batch norm's running statistics, kept in the graph as their update:
     ``keep_inference_input_mutations``) -> that kernel stores ``v`` into ``buf`` itself, instead
-    of writing ``v`` and an ATen copy (a launch per buffer) copying it over, where nothing else
-    reads ``v`` (returned or saved for the backward, it must stay a tensor of its own). The kernel reads each
-    old value where it stores the new one: a pointwise kernel at the same element (``v`` has the
+    of writing ``v`` and an ATen copy (a launch per buffer) copying it over, where nothing but
+    the kernel and the graph's output reads ``v``. The kernel reads each old value where it
+    stores the new one: a pointwise kernel at the same element (``v`` has the
     kernel's full shape), a column kernel in its per-column epilogue, after every read of its
     prologue (the epilogue runs once all of a column's row blocks have arrived). The copy node
     stays in the graph and runs nothing; the runner copies after all where the buffer's layout
@@ -131,24 +130,15 @@ def absorb_copies(gm: fx.GraphModule, part: Partition) -> None:
 
 def _returned_copies(gm: fx.GraphModule, part: Partition, returned: list) -> None:
     """The returned values of ``returned`` ((value, buffer, group)) as copies of the buffers the
-    groups stored them into: one ``_foreach_mul(buffers, 1)`` (one launch on CUDA, exact copies),
-    ordered after those groups' kernels (``kl_after``, honoured by the runner's schedule)."""
-    if not returned:
-        return
+    groups' kernels stored them into (``rewrites.buffer_copies``: one launch for all), listed with
+    the ATen ops."""
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    with gm.graph.inserting_before(output):
-        copies = gm.graph.call_function(torch.ops.aten._foreach_mul.Scalar, ([buf for _, buf, _ in returned], 1.0))
-    vals = [fusion.value(v) for v, _, _ in returned]
-    with vals[0].fake_mode:
-        copies.meta["val"] = [torch.empty_like(v) for v in vals]
-    copies.meta["kl_after"] = [group.nodes[0] for _, _, group in returned]
+    copies = rewrites.buffer_copies(gm, [(v, buf, [output], group.nodes[0]) for v, buf, group in returned])
+    if copies is None:
+        return
     part.eager[copies] = "copies of the buffers kernels stored into, for the values the graph returns"
-    for i, (v, _, _) in enumerate(returned):
-        with gm.graph.inserting_before(output):
-            item = gm.graph.call_function(operator.getitem, (copies, i))
-        item.meta["val"] = copies.meta["val"][i]
+    for item in copies.users:
         part.eager[item] = ""
-        output.replace_input_with(v, item)
     gm.recompile()
 
 

@@ -36,7 +36,8 @@ __all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "c
            "conv_biases_as_adds", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norms_in_place", "cuda_clamps_without_nan_bounds", "gathers_before_casts",
            "truth_reductions_as_extremes", "common_subexpressions", "prologues_in_row_space",
-           "middle_dims_kept_as_rows_then_columns", "batch_norm_statistics_as_rows_then_columns", "rewrite"]
+           "middle_dims_kept_as_rows_then_columns", "batch_norm_statistics_as_rows_then_columns", "buffer_copies",
+           "rewrite"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -474,7 +475,7 @@ def _channel_split(node) -> tuple | None:
             and fusion.static_shape(src) and src.numel() > 0 and src.dim() >= 3):
         return None
     rank = src.dim()
-    reduced = sorted({d % rank for d in _variance_dims(node)})
+    reduced = sorted({d % rank for d in _dims(node)})
     n_lead = next(i for i, d in enumerate(reduced + [None]) if d != i)
     lead, trail = reduced[:n_lead], reduced[n_lead:]
     if not lead or trail != list(range(n_lead + 1, rank)):
@@ -483,11 +484,6 @@ def _channel_split(node) -> tuple | None:
         return lead, list(src.shape)
     flat = _trailing_rows(node.args[0], trail)
     return (lead, flat) if flat is not None else None
-
-
-def _variance_dims(node) -> list:
-    dims = fusion.bound_args(node).get("dims" if node.target is prims.var.default else "dim")
-    return [dims] if isinstance(dims, int) else list(dims or [])
 
 
 def _correction(node) -> float | None:
@@ -507,7 +503,7 @@ def _statistics_in_rows(gm, var_node, lead: list, flat: list) -> int:
     x = var_node.args[0]
     src, val = fusion.value(x), fusion.value(var_node)
     sums = [u for u in x.users if u.op == "call_function" and u.target in (prims.sum.default, aten.sum.dim_IntList)
-            and sorted(d % src.dim() for d in _dims_of_sum(u)) == sorted(d % src.dim() for d in _variance_dims(var_node))
+            and sorted(d % src.dim() for d in _dims(u)) == sorted(d % src.dim() for d in _dims(var_node))
             and not fusion.bound_args(u).get("keepdim") and fusion.value(u).dtype == val.dtype]
     n_rows = math.prod(src.shape[d] for d in lead)
     length = flat[-1]
@@ -535,11 +531,6 @@ def _statistics_in_rows(gm, var_node, lead: list, flat: list) -> int:
     for old, new in zip(sums, new_sums):
         old.replace_all_uses_with(new)
     return 1
-
-
-def _dims_of_sum(node) -> list:
-    dims = fusion.bound_args(node).get("dims" if node.target is prims.sum.default else "dim")
-    return [dims] if isinstance(dims, int) else list(dims or [])
 
 
 def trailing_reductions_as_rows(gm: fx.GraphModule) -> int:
@@ -688,8 +679,8 @@ def _over_every_dim(node) -> bool:
 
 
 def _dims(node) -> list:
-    """The dims a reduction names ([] for none: every dim)."""
-    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    """The dims a reduction names ([] for none: every dim); ATen's ``dim`` or a prim's ``dims``."""
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", node.kwargs.get("dims"))
     return [dims] if isinstance(dims, int) else list(dims or [])
 
 
@@ -1085,28 +1076,38 @@ def _norm_in_place(gm: fx.GraphModule, norm: fx.Node, saved: list) -> int:
 
 def _snapshots(gm: fx.GraphModule, saved: list) -> None:
     """The new running statistics a graph returns (ATen's batch norm backward takes them, so
-    aot_autograd saves them), as copies of the updated buffers: one ``_foreach_mul(buffers, 1)``
-    (one launch on CUDA, exact copies) ordered after every in-place norm (``kl_after``: the
-    runner's schedule honours it; nothing else orders a read of a buffer after an op that writes
-    it through a later argument). Returning the buffer itself instead (before 2026-12-05) broke
-    models that call a norm twice before one backward (siamese or contrastive encoders, a GAN's
-    discriminator on real then fake data): the second call updated the saved tensor in place and
-    autograd raised "modified by an inplace operation"."""
-    if not saved:
-        return
+    aot_autograd saves them), as copies of the updated buffers (``buffer_copies``). Returning the
+    buffer itself instead (before 2026-12-05) broke models that call a norm twice before one
+    backward (siamese or contrastive encoders, a GAN's discriminator on real then fake data): the
+    second call updated the saved tensor in place and autograd raised "modified by an inplace
+    operation". (The buffer stood in for the new value in its readers: ``_norm_in_place``.)"""
+    buffer_copies(gm, [(buf, buf, readers, norm) for readers, buf, norm in saved])
+
+
+def buffer_copies(gm: fx.GraphModule, items: list) -> fx.Node | None:
+    """Copies of graph-input buffers updated in place, for readers that must get tensors of their
+    own: ``items`` are (value, buffer, readers, writer); each reader's ``value`` input becomes a
+    copy of ``buffer`` taken after ``writer`` (a node, or any node of the kernel that writes it:
+    ``kl_after``, honoured by the runner's schedule; nothing else orders a read of a buffer after
+    an op that writes it through a later argument or a kernel's store). One
+    ``_foreach_mul(buffers, 1)`` for all (one launch on CUDA, exact copies), before the output;
+    returns it (None for no items)."""
+    if not items:
+        return None
     output = next(n for n in gm.graph.nodes if n.op == "output")
     with gm.graph.inserting_before(output):
-        copies = gm.graph.call_function(aten._foreach_mul.Scalar, ([buf for _, buf, _ in saved], 1.0))
-    vals = [fusion.value(buf) for _, buf, _ in saved]
+        copies = gm.graph.call_function(aten._foreach_mul.Scalar, ([buf for _, buf, _, _ in items], 1.0))
+    vals = [fusion.value(buf) for _, buf, _, _ in items]
     with vals[0].fake_mode:
         copies.meta["val"] = [torch.empty_like(v) for v in vals]
-    copies.meta["kl_after"] = [norm for _, _, norm in saved]
-    for i, (readers, buf, _) in enumerate(saved):
+    copies.meta["kl_after"] = [writer for _, _, _, writer in items]
+    for i, (value, _, readers, _) in enumerate(items):
         with gm.graph.inserting_before(output):
             item = gm.graph.call_function(operator.getitem, (copies, i))
         item.meta["val"] = copies.meta["val"][i]
-        for reader in readers:  # (the buffer stood in for the new value only in these readers)
-            reader.replace_input_with(buf, item)
+        for reader in readers:
+            reader.replace_input_with(value, item)
+    return copies
 
 
 def _increment(copy: fx.Node) -> tuple | None:
