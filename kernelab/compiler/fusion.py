@@ -363,11 +363,16 @@ def gather_indices(node) -> tuple:
 
 def gather_parts(node) -> GatherParts:
     source, indices = gather_indices(node)
+    return _indexed_parts(source, indices, value(node).shape)
+
+
+def _indexed_parts(source, indices, shape) -> GatherParts:
+    """``source[(:,) * first + (indices...)]`` with the gathered values' ``shape`` (a gather's
+    result, a scatter's values)."""
     dims_ = [d for d, i in enumerate(indices) if i is not None]
     tensors = tuple(indices[d] for d in dims_)
     broadcast = max(value(i).dim() for i in tensors)
-    return GatherParts(source, dims_[0], tensors, broadcast, value(source).dim() - dims_[-1] - 1,
-                       tuple(value(node).shape))
+    return GatherParts(source, dims_[0], tensors, broadcast, value(source).dim() - dims_[-1] - 1, tuple(shape))
 
 
 def _gather_refusal(node) -> str:
@@ -439,11 +444,7 @@ def scatter_parts(node) -> GatherParts:
     """The scatter as the gather it is the backward of: ``base[(:,) * first + (indices...)]``
     receives the values, whose shape (``shape``) is the gather's result shape."""
     base, indices, values = node.args[:3]
-    dims_ = [d for d, i in enumerate(indices) if i is not None]
-    tensors = tuple(indices[d] for d in dims_)
-    broadcast = max(value(i).dim() for i in tensors)
-    return GatherParts(base, dims_[0], tensors, broadcast, value(base).dim() - dims_[-1] - 1,
-                       tuple(value(values).shape))
+    return _indexed_parts(base, indices, value(values).shape)
 
 
 def scatter_refusal(node) -> str:
