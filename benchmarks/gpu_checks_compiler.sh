@@ -6,26 +6,27 @@
 #   2. the interpolation programs of the compiler suite against Inductor (bilinear forward +
 #      backward was 0.24x: four place-scatter kernels after a kernel writing their values);
 #   3. ResNet-50's training step (zoo_profile.py: GPU time, kernels, host time, peak) with ATen's
-#      batch norm, with the generated backward, and with the generated forward and backward,
+#      batch norm, the generated forward, the generated backward, and both generated,
 #      in the same run: which becomes the default;
 #   4. the kernels ATen's _native_batch_norm_legit launches (below).
 # Everything lands under $OUT (default ./out).
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-timeout 170 python3 -m pytest tests/gpu/test_batch_norm_gpu.py tests/gpu/test_gathers_gpu.py -q -p no:cacheprovider \
+timeout 150 python3 -m pytest tests/gpu/test_batch_norm_gpu.py tests/gpu/test_gathers_gpu.py -q -p no:cacheprovider \
     -W ignore > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed|^FAILED|^E  " "$OUT/gpu_tests.txt" | head -20
 timeout 60 python3 benchmarks/compiler_suite.py "$OUT/cs" --only upsample_bilinear upsample_nearest \
     upsample_bilinear_fwd_bwd --budget-s 45 > "$OUT/cs.log" 2>&1
 echo "compiler suite rc=$?"; tail -7 "$OUT/cs.log"
 profile() {  # label, forward, backward
-    KERNELAB_BN_FORWARD=$2 KERNELAB_BN_BACKWARD=$3 timeout 90 python3 benchmarks/zoo_profile.py "$OUT/rn_$1" \
+    KERNELAB_BN_FORWARD=$2 KERNELAB_BN_BACKWARD=$3 timeout 80 python3 benchmarks/zoo_profile.py "$OUT/rn_$1" \
         resnet:train --modes kernelab --top 10 > "$OUT/rn_$1.log" 2>&1
     echo "== resnet train, forward $2, backward $3 (rc=$?)"; grep -A10 "^==" "$OUT/rn_$1.log" | cut -c1-160
     rm -rf "$OUT/rn_$1"  # (its zoo_profile.txt repeats the log: the device returns at most 8 files)
 }
 profile aten aten aten
+profile fwd generated aten
 profile bwd aten generated
 profile both generated generated
 # 3. which kernels ATen's _native_batch_norm_legit (what the compiled graph calls in ATen mode, not
