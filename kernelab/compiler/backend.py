@@ -124,7 +124,8 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
                 bounds.assume_for_inputs(fx_gm, saved_bounds)
             try:
                 with _outside_the_plans_fake_mode(recorder):
-                    call = compile_graph(fx_gm, inputs, kind, _visible_outputs(kind), opts.tiling)
+                    call = compile_graph(fx_gm, inputs, kind, _visible_outputs(kind), opts.tiling,
+                                         _donated_inputs() if kind == "backward" else frozenset())
             finally:
                 if recorder is not None:
                     recorder.suppress -= 1
@@ -249,17 +250,33 @@ def _visible_outputs(kind: str) -> int | None:
         return None
 
 
+def _donated_inputs() -> frozenset:
+    """The backward's inputs whose memory it may take (``torch._functorch.config.donated_buffer``,
+    on by default): saved activations that alias no input or output of the step, read by this
+    backward only. aot_autograd refuses ``retain_graph=True`` for such a backward, as for
+    Inductor's, so each is read once. Empty where the tracing context does not say."""
+    from torch._guards import TracingContext
+
+    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+    donated = getattr(meta, "bw_donated_idxs", None)
+    from torch._functorch import config as functorch_config
+
+    return frozenset(donated) if donated and functorch_config.donated_buffer else frozenset()
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_outputs: int | None = None,
-                  tiling=None):
+                  tiling=None, donated: frozenset = frozenset()):
     """Partition one ATen graph and return its boxed callable. ``visible_outputs``: see
-    ``runtime.GraphRunner.visible_outputs``; ``tiling``: the launch heuristics (``tiling.py``)."""
+    ``runtime.GraphRunner.visible_outputs``; ``tiling``: the launch heuristics (``tiling.py``);
+    ``donated``: inputs whose memory kernels may store outputs over (``_donated_inputs``)."""
     from . import graph, plan, runtime
 
     runnable, why = _can_run(example_inputs, gm)  # may import triton: a once-per-process cost
     t0 = time.perf_counter()
     try:
         part = graph.partition(gm)
-        runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs), visible_outputs, tiling)
+        runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs), visible_outputs, tiling,
+                                           donated)
     except Exception as exc:  # a compiler bug must not break the user's program: ATen runs it
         if config.strict():
             raise
@@ -269,6 +286,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
         record_fallback("graph", kind, why)
     graph_plan = plan.GraphPlan.build(kind, gm, part, time.perf_counter() - t0, None if runnable else why)
     graph_plan.padded = runner.padding.describe()
+    graph_plan.reused = runner.describe_reuse()
     if _debug() >= 1:  # 1: a line per graph; 2: a line per group, op left to ATen, refusal
         print(graph_plan.decisions() if _debug() >= 2 else graph_plan.summary(), file=sys.stderr)
     if _debug() >= 3 and runner.source:  # 3: also the generated runner and every kernel's source

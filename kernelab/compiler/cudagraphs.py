@@ -62,6 +62,7 @@ def wrap(call, gm: torch.fx.GraphModule, inputs: list, kind: str, pairing: Pairi
     device = _device_index(inputs)
     pairing.device_index = device
     call.runner.for_cuda_graphs()
+    call.plan.reused = call.runner.describe_reuse()  # none: the trees' static inputs stay as recorded
     wrapped = cudagraphify_impl(
         _clearing(call), inputs, _static_inputs(gm, kind), device_index=device,
         is_backward=kind == "backward", is_inference=kind == "inference",

@@ -10,6 +10,8 @@ fallback), read by tests and by users who want to know what their model really r
     ev = kernelab.compiler.events()
     ev.launched        # Counter: kernel name -> shapes it compiled and launched for
     ev.fallbacks       # [(what, name, reason)]: "graph" (the whole graph ran as ATen) or "group"
+    ev.reused          # Counter: kernel name -> shapes for which it stored an output over an
+                       # input at its last use (``GroupRunner.reuse``)
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Events", "events", "reset_events", "record_launch", "record_fallback", "ACTIVE_PLAN"]
+__all__ = ["Events", "events", "reset_events", "record_launch", "record_fallback", "record_reuse",
+           "ACTIVE_PLAN"]
 
 #: The plan recorder of a running ``plan_kernels`` / ``explain`` call (None otherwise), set by
 #: plan.py and read by the backend's compiled graphs. A plain slot, not a context variable: on CUDA
@@ -30,6 +33,7 @@ ACTIVE_PLAN: list = [None]
 class Events:
     launched: Counter = field(default_factory=Counter)
     fallbacks: list = field(default_factory=list)
+    reused: Counter = field(default_factory=Counter)
 
     @property
     def kernels_launched(self) -> int:
@@ -49,13 +53,14 @@ _LOCK = threading.Lock()
 def events() -> Events:
     """A copy of this process's record since the last :func:`reset_events`."""
     with _LOCK:
-        return Events(Counter(_EVENTS.launched), list(_EVENTS.fallbacks))
+        return Events(Counter(_EVENTS.launched), list(_EVENTS.fallbacks), Counter(_EVENTS.reused))
 
 
 def reset_events() -> None:
     with _LOCK:
         _EVENTS.launched.clear()
         _EVENTS.fallbacks.clear()
+        _EVENTS.reused.clear()
 
 
 def record_launch(name: str) -> None:
@@ -66,3 +71,8 @@ def record_launch(name: str) -> None:
 def record_fallback(what: str, name: str, reason: str) -> None:
     with _LOCK:
         _EVENTS.fallbacks.append((what, name, reason))
+
+
+def record_reuse(name: str) -> None:
+    with _LOCK:
+        _EVENTS.reused[name] += 1

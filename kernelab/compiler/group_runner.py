@@ -24,8 +24,8 @@ from .. import config
 from ..errors import KernelabFallbackWarning
 from ..launch import StaticLauncher, current_stream as launch_stream, enabled as launch_enabled, hooked, specialization
 from ..report import debug_level
-from . import codegen, emit, fusion, layout, ops_table
-from .eventlog import record_fallback, record_launch
+from . import codegen, emit, fusion, layout, loops, ops_table
+from .eventlog import record_fallback, record_launch, record_reuse
 from .kcache import cache_dir, kernel_module
 from .tiling import DEFAULT as DEFAULT_TILING, Tiling
 
@@ -125,6 +125,11 @@ class Call:
     empty: object = None  # (size, stride, dtype) -> uninitialized tensor on ``device``: see _allocator
     narrow: tuple = ()  # (output index, columns): padded outputs, allocated whole, viewed to their columns
     zeroed: tuple = ()  # output indices zeroed before the launch: buffers its scatters add into
+    #: (output index, input index): the output may be stored over that input, whose layout it has
+    #: (``GroupRunner.reuse``, checked for this call's layouts); the memory is taken per launch
+    #: where nothing else holds it
+    reuse: tuple = ()
+    reused: bool = False  # recorded in the event log (once per call)
 
     def __post_init__(self):
         self.empty = _allocator(self.device)
@@ -151,6 +156,10 @@ class Call:
 
 # ---------------------------------------------------------------------------------------------
 # launching without Triton's per-call work
+
+
+#: how many references hold a storage (tensors and views over it, storage objects, saved copies)
+_storage_use_count = torch._C._storage_Use_Count
 
 
 def _specialization_key(varying) -> tuple:
@@ -284,6 +293,10 @@ class GroupRunner:
     tiling: Tiling = DEFAULT_TILING
     #: (output index, graph input node): outputs stored into inputs (``graph.absorb_copies``)
     into: list = field(default_factory=list)
+    #: (output index, load index): outputs that may be stored over an input whose last use is this
+    #: kernel and whose memory the runner owns (a backward's donated saved activation): the
+    #: cross-entropy backward's gradient written over the logits it reads (``reusable``)
+    reuse: list = field(default_factory=list)
 
     def __post_init__(self):
         self.loads = emit.loads_of(self.group) if self.group is not None else []
@@ -325,7 +338,10 @@ class GroupRunner:
         if call is None:
             return self._stored(self.reference(raw, scalars), into)
         empty = call.empty
-        outs = [empty(size, stride, dtype) for size, stride, dtype in call.outs]
+        if call.reuse:
+            outs = self._outputs_over_inputs(call, raw)
+        else:
+            outs = [empty(size, stride, dtype) for size, stride, dtype in call.outs]
         for i, cols in call.narrow:
             outs[i] = outs[i][..., :cols]
         for i in call.zeroed:
@@ -348,6 +364,67 @@ class GroupRunner:
                 self.refuse(exc)
                 return self._stored(self.reference(raw, scalars), into)
         return self._stored(outs, into) if into else outs
+
+    def reusable(self, inputs: set) -> list:
+        """(output index, load index) pairs of ``self.reuse``: an output may be stored over one of
+        ``inputs`` (values whose last use is this kernel, their memory the runner's) where the
+        kernel reads each element of that input only before the same element of the output is
+        stored, and nowhere else: a pointwise kernel (it loads every input at the element it
+        stores), or a row reduction storing its full-size outputs in its last pass over the row
+        (``loops.stores_in_the_last_pass``); an input read once, as a whole ("full"), never
+        gathered from; an output of its dtype and shape, not padded, not a scatter's buffer, not
+        stored into a graph input. Layouts are checked per call (``_reuse_for_call``)."""
+        g = self.group
+        if not inputs or g.kind not in ("pointwise", "reduction") or (
+                g.kind == "reduction" and not loops.stores_in_the_last_pass(g)):
+            return []
+        barred = set(emit.scatter_outputs(g).values()) | {i for i, _ in self.into}
+        pairs = []
+        for k, load in enumerate(self.loads):
+            p = load.node
+            if p not in inputs or load.role != "full" or self.load_nodes.count(p) != 1:
+                continue
+            vp = fusion.value(p)
+            if not isinstance(vp, torch.Tensor):
+                continue
+            for i, o in enumerate(g.outputs):
+                vo = fusion.value(o)
+                if i in barred or o in self.padded or g.roles.get(o) != "full" or vo.dtype != vp.dtype or \
+                        [str(d) for d in vo.shape] != [str(d) for d in vp.shape]:
+                    continue
+                pairs.append((i, k))
+                barred.add(i)
+                break
+        return pairs
+
+    def _reuse_for_call(self, raw, ins, outs) -> tuple:
+        """The pairs of ``self.reuse`` whose input, as passed (``raw``) and as the kernel reads it
+        (``ins``), has the output's shape and strides, so that the kernel addresses both alike."""
+        pairs = []
+        for i, k in self.reuse:
+            t, seen, o = raw[k], ins[k], outs[i]
+            if t.dtype == o.dtype and t.shape == o.shape == seen.shape and t.stride() == o.stride() == seen.stride() \
+                    and t.storage_offset() == seen.storage_offset():
+                pairs.append((i, k))
+        return tuple(pairs)
+
+    def _outputs_over_inputs(self, call: Call, raw: list) -> list:
+        """The call's outputs, those of ``call.reuse`` in their input's memory where this input
+        alone holds it (no other tensor, view or saved copy: its storage's use count is this tensor
+        and the storage object asked for it), else newly allocated. Only 16-byte aligned memory:
+        a binary bound at the first launch assumed its outputs aligned, as fresh allocations are
+        (``_DirectLaunch`` checks the inputs' alignment only)."""
+        taken = {}
+        for i, k in call.reuse:
+            t = raw[k]
+            if _storage_use_count(t.untyped_storage()._cdata) == 2 and t.data_ptr() % 16 == 0 and \
+                    not any(x is t for j, x in enumerate(raw) if j != k):
+                taken[i] = t
+        if taken and not call.reused:
+            call.reused = True
+            record_reuse(self.group.name)
+        empty = call.empty
+        return [taken[i] if i in taken else empty(size, stride, dtype) for i, (size, stride, dtype) in enumerate(call.outs)]
 
     def _in_place(self, call: Call, outs: list, into: list) -> None:
         """Swap the output buffers of ``self.into`` for the inputs that receive them, where the
@@ -422,6 +499,8 @@ class GroupRunner:
         else:
             call = self.prepare_reduction(moved, shape, device)
         call.move = tuple(i for i, t in enumerate(raw) if t.device != device)
+        if call.move and call.reuse:  # an input copied to the kernel's device per call: not its memory
+            call.reuse = tuple((i, k) for i, k in call.reuse if k not in call.move)
         return call
 
     def shape(self, inputs, scalars=()) -> tuple:
@@ -458,7 +537,8 @@ class GroupRunner:
             _scatter_strides(outs, scatters) + list(sizes) + [numel]
         return Call(self.kernel(launch.rank, True), ((numel + block - 1) // block,), tail,
                      {"BLOCK": block, "INT64": launch.int64, "num_warps": launch.num_warps},
-                     [_out_spec(o) for o in outs], device, zeroed=tuple(sorted(scatters)))
+                     [_out_spec(o) for o in outs], device, zeroed=tuple(sorted(scatters)),
+                     reuse=self._reuse_for_call(raw, ins, outs))
 
     def pointwise_launch(self, sizes, strides, numel, source_sizes=()) -> Launch:
         """``source_sizes``: the sizes of gathers' sources, whose strides end ``strides``: an index
@@ -489,7 +569,7 @@ class GroupRunner:
         meta = {"XBLOCK": xblock, "RBLOCK": launch.block["RBLOCK"], "INT64": launch.int64,
                 "num_warps": launch.num_warps}
         return Call(self.kernel(launch.rank, launch.persistent), ((rows + xblock - 1) // xblock,), tail, meta,
-                     [_out_spec(o) for o in outs], device)
+                     [_out_spec(o) for o in outs], device, reuse=self._reuse_for_call(raw, ins, outs))
 
     def out_row(self, shape) -> int:
         """The row stride of the full-size outputs: the row length, or the padded stride when

@@ -17,7 +17,7 @@ from . import fusion
 from .emit import Emitter, correction, emit_node, full_load, local_name, var_name
 from .ops_table import compute_type
 
-__all__ = ["looped_body", "online_pairs"]
+__all__ = ["looped_body", "online_pairs", "stores_in_the_last_pass"]
 
 
 def _levels(group, online: dict) -> dict:
@@ -75,10 +75,9 @@ def _closure(group, targets) -> list:
     return [n for n in group.nodes if n in need]
 
 
-def looped_body(em: Emitter, loads) -> None:
-    group = em.group
-    online = online_pairs(group)
-    em.online = {a: s for s, a in online.items()}  # amax -> the sum that rides along
+def _passes(group, online: dict) -> tuple:
+    """(levels, reduction steps by pass, the pass storing the full-size outputs (-1: none), every
+    pass in order)."""
     level = _levels(group, online)
     steps = {}  # pass -> [(reduction node, step)]
     for n in group.nodes:
@@ -91,7 +90,23 @@ def looped_body(em: Emitter, loads) -> None:
                 steps.setdefault(start + 1, []).append((n, 1))
     full_outs = [n for n in group.outputs if group.roles[n] == "full"]
     last = max([level[n] for n in full_outs], default=-1)
-    passes = sorted(set(steps) | ({last} if full_outs else set()))
+    return level, steps, last, sorted(set(steps) | ({last} if full_outs else set()))
+
+
+def stores_in_the_last_pass(group) -> bool:
+    """No pass reads the row after the full-size outputs are stored: each block of the row is
+    loaded before the same block is stored, and never again, so an output may be stored over an
+    input of its layout (``GroupRunner.reuse``)."""
+    _, _, last, passes = _passes(group, online_pairs(group))
+    return not passes or passes[-1] == last
+
+
+def looped_body(em: Emitter, loads) -> None:
+    group = em.group
+    online = online_pairs(group)
+    em.online = {a: s for s, a in online.items()}  # amax -> the sum that rides along
+    level, steps, last, passes = _passes(group, online)
+    full_outs = [n for n in group.outputs if group.roles[n] == "full"]
     done = set()
     _emit_ready_rows(em, done, level, -1)
     for p in passes:

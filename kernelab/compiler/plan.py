@@ -64,6 +64,8 @@ class GraphPlan:
     cudagraphs: str = ""  # where CUDA graphs were asked for: "recorded: ..." or "not recorded: <why>"
     #: copies into graph inputs that a kernel stores itself (graph.absorb_copies), one line each
     stored: list = field(default_factory=list)
+    #: outputs a kernel may store over an input at its last use (GroupRunner.reuse), one line each
+    reused: list = field(default_factory=list)
 
     @classmethod
     def build(cls, kind, gm, part, compile_s, fallback) -> "GraphPlan":
@@ -88,6 +90,7 @@ class GraphPlan:
         lines += [f"  refused {node}: {why}" for node, why in self.refusals]
         lines += [f"  padded {line}" for line in self.padded]
         lines += [f"  in place {line}" for line in self.stored]
+        lines += [f"  reuses memory: {line}" for line in self.reused]
         return "\n".join(lines)
 
     def note_compile(self, runner) -> None:
@@ -98,7 +101,8 @@ class GraphPlan:
                 "eager": [{"node": n, "op": op, "reason": why} for n, op, why in self.eager],
                 "refusals": [{"node": n, "reason": why} for n, why in self.refusals],
                 "compile_s": self.compile_s, "jit_s": self.jit_s, "fallback": self.fallback, "padded": list(self.padded),
-                "cudagraphs": self.cudagraphs, "stored": list(self.stored)}
+                "cudagraphs": self.cudagraphs, "stored": list(self.stored),
+                "reused": list(self.reused)}
 
 
 def _group_plan(group) -> GroupPlan:

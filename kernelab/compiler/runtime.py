@@ -7,6 +7,7 @@ Kernel sources are cached on disk (``kcache.py``); chains of views are replayed 
 from __future__ import annotations
 
 import linecache
+import operator
 
 from dataclasses import dataclass, field
 
@@ -17,7 +18,7 @@ from . import bounds, fusion, layout, scatter
 from .kcache import cache_dir, kernel_module
 from .group_runner import GroupRunner, call_node, interpreted, lookup, run_reference
 from .tiling import DEFAULT as DEFAULT_TILING, Tiling
-from .views import nodes_in, view_chains
+from .views import aliases_its_input, nodes_in, view_chains
 
 __all__ = ["GraphRunner", "kernel_module", "cache_dir", "interpreted", "run_reference"]
 
@@ -50,7 +51,11 @@ class GraphRunner:
 
     @classmethod
     def build(cls, gm: fx.GraphModule, part, interpret: bool, visible_outputs: int | None = None,
-              tiling: Tiling | None = None) -> "GraphRunner":
+              tiling: Tiling | None = None, donated: frozenset = frozenset()) -> "GraphRunner":
+        """``donated``: indices of the placeholders whose memory the graph may take at their last
+        use (a backward's saved activations that alias nothing else: aot_autograd's
+        ``bw_donated_idxs``); kernels may store an output over them, as over the graph's own
+        values at their last use (``GroupRunner.reuse``, ``_owned``)."""
         runners = {id(g): GroupRunner(g, interpret, tiling=tiling or DEFAULT_TILING) for g in part.groups}
         steps = _schedule(gm, part, runners)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -61,8 +66,10 @@ class GraphRunner:
             runners[id(g)].padded = {n: padding.rows[n] for n in g.outputs if n in padding.rows}
         for group, value, buf in part.into.values():  # outputs stored into graph inputs (graph.absorb_copies)
             runners[id(group)].into.append((group.outputs.index(value), buf))
-        return cls(gm, part, steps, _last_uses(steps, output, part), placeholders, output.args[0], attrs,
-                   visible_outputs, padding)
+        free_after = _last_uses(steps, output, part)
+        _plan_reuse(gm, steps, free_after, set(value_inputs(output, constants=True)),
+                    _owned(gm, part, {placeholders[i] for i in donated if i < len(placeholders)}))
+        return cls(gm, part, steps, free_after, placeholders, output.args[0], attrs, visible_outputs, padding)
 
     def __post_init__(self):
         self.source, self.straight = _straight_line(self)
@@ -116,12 +123,19 @@ class GraphRunner:
 
     def for_cuda_graphs(self) -> None:
         """Keep no device memory between calls (recorded into a CUDA graph, whose pool must hold
-        only what the graph returns): column reductions' counters are allocated per call."""
+        only what the graph returns): column reductions' counters are allocated per call. No
+        output is stored over an input: the graph's inputs are the trees' static buffers."""
         for group_runner in self.group_runners:
             group_runner.transient_scratch = True
+            group_runner.reuse = []
             for call in group_runner.calls.values():
                 if call is not None:
-                    call.transient, call.counters = True, {}
+                    call.transient, call.counters, call.reuse = True, {}, ()
+
+    def describe_reuse(self) -> list:
+        """One line per output a kernel may store over an input at its last use."""
+        return [f"{r.group.name} may store {r.group.outputs[i].name} over {r.load_nodes[k].name} (its last use)"
+                for r in self.group_runners for i, k in r.reuse]
 
 
 _SCATTER_ADD_ROWS = scatter.ScatterAddRows()
@@ -334,6 +348,64 @@ def _release(args) -> None:
     direct inference call) is left as it is."""
     if args.__class__ is list:
         args.clear()
+
+
+def _owned(gm: fx.GraphModule, part, donated: set) -> set:
+    """Values that are the runner's own tensor objects, not one someone else may hold too: the
+    donated inputs, and every value the graph computes except those that are another value's
+    object (a kernel's output stored into a graph input, ``graph.absorb_copies``; an op writing an
+    argument in place returns that argument; ``lift_fresh`` returns its input). Another tensor
+    sharing the memory (a view, the base of a view, a saved copy) is seen per call by the storage's
+    use count (``GroupRunner._outputs_over_inputs``); another holder of the same object is not,
+    hence this list."""
+    aliased = set(part.into) | {value for _, value, _ in part.into.values()}
+    owned = set(donated)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n not in aliased and not _returns_an_argument(n):
+            owned.add(n)
+    return owned
+
+
+def _returns_an_argument(node: fx.Node) -> bool:
+    """The op may return one of its arguments itself: in place (``add_``, ``copy_``: the schema's
+    return is written), ``lift_fresh``, or an op without a schema (a Python function)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return True
+    if fusion.target_name(node).startswith("aten.lift_fresh."):
+        return True
+    return any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
+
+
+def _plan_reuse(gm: fx.GraphModule, steps, free_after, returned: set, owned: set) -> None:
+    """Each kernel's outputs that may be stored over an input it reads last (``GroupRunner.reuse``):
+    last of every value sharing its memory too. A view read later may not be a tensor yet when
+    the kernel runs (the runner replays a chain of views from its root where it is needed,
+    ``views.py``), so the storage's use count cannot see it: ``amax`` read by a kernel and later
+    through ``alias(amax)`` lost its values to the kernel's output before this check."""
+    freed_at = {n: i for i, dead in enumerate(free_after) for n in dead}
+    root = _alias_roots(gm)
+    needed_until = {}  # alias root -> the last step reading any value of its memory
+    for n, r in root.items():
+        until = float("inf") if n in returned else freed_at.get(n, -1)
+        needed_until[r] = max(needed_until.get(r, -1), until)
+    for i, ((kind, item), dead) in enumerate(zip(steps, free_after)):
+        if kind == "group":
+            item.reuse = item.reusable({n for n in owned.intersection(dead) if needed_until.get(root.get(n, n), i) <= i})
+
+
+def _alias_roots(gm: fx.GraphModule) -> dict:
+    """Each node -> the value whose memory it is: itself, or through views
+    (``views.aliases_its_input``) the first value of the chain."""
+    root = {}
+    for n in gm.graph.nodes:
+        src = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
+        if src is not None and (aliases_its_input(n) or (n.target is operator.getitem and aliases_its_input(src))):
+            root[n] = root.get(src, src)
+        else:
+            root[n] = n
+    return root
+
 
 
 def _last_uses(steps, output, part) -> list:

@@ -11,7 +11,7 @@ import torch.fx as fx
 
 from . import fusion
 
-__all__ = ["ViewChain", "view_chains", "tracked_view", "UNTRACKED_VIEW", "nodes_in", "static_arg"]
+__all__ = ["ViewChain", "view_chains", "tracked_view", "UNTRACKED_VIEW", "nodes_in", "static_arg", "aliases_its_input"]
 
 
 #: ATen views with one output and static arguments: a chain of them is one aliasing of its root.
@@ -21,6 +21,16 @@ _CHAIN_VIEWS = {
     "aten.squeeze.dims", "aten.squeeze.default", "aten.select.int", "aten.slice.Tensor",
     "aten.alias.default", "aten.detach.default", "aten.diagonal.default",
 }
+
+
+def aliases_its_input(node: fx.Node) -> bool:
+    """The op returns memory of its first argument without writing it: a view (its schema says so:
+    ``view``, ``expand``, ``alias``, ``split``'s pieces...) or ``_unsafe_view``, whose schema does
+    not say so."""
+    if fusion.target_name(node) == "aten._unsafe_view.default":
+        return True
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
 
 
 def tracked_view(root, size, stride, offset):

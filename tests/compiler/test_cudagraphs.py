@@ -110,6 +110,26 @@ def test_for_cuda_graphs_keeps_no_column_counters_between_calls():
     assert all(c.transient and not c.counters for c in calls if c.col_blocks)
 
 
+def test_for_cuda_graphs_stores_no_output_over_an_input():
+    """A recorded graph's inputs are the trees' static buffers: no kernel may take their memory,
+    nor that of the graph's own values (the recording's addresses are replayed as they are)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kernelab.compiler.backend import compile_graph
+
+    def f(a, b):
+        return (torch.tanh(a @ b) * 3.0,)
+
+    a, b = torch.randn(32, 16), torch.randn(16, 24)
+    call = compile_graph(make_fx(f)(a, b), [a, b], "inference")
+    assert any(r.reuse for r in call.runner.group_runners), "nothing to reuse: the test checks nothing"
+    call.runner.for_cuda_graphs()
+    assert not any(r.reuse for r in call.runner.group_runners)
+    torch.testing.assert_close(call([a, b])[0], f(a, b)[0], rtol=1e-5, atol=1e-5)
+    calls = [c for gr in call.runner.group_runners for c in gr.calls.values() if c is not None]
+    assert calls and not any(c.reuse for c in calls)
+
+
 def test_a_zoo_model_asked_for_cuda_graphs_on_cpu_trains_as_without():
     """Tiny GPT-2 under mode="reduce-overhead" on the CPU: every graph says why it is not recorded,
     and the step's loss and gradients are eager's, as without the mode."""
