@@ -2,8 +2,10 @@
 """Peak memory of training steps on the CPU, per mode, from the CPU allocator's own events (no GPU).
 
     python3 benchmarks/memory_cpu.py OUT_DIR [--only lm_head,llama,gpt2] [--modes eager,inductor,kernelab,kernelab-noreuse]
+                                             [--steps train,infer]
 
-Modes: eager; inductor (``torch.compile``); kernelab (``backend="kernelab"``, its kernels under
+Steps: train (gradients set to None, the loss, backward) and infer (the logits under
+``torch.no_grad()``, the model in eval mode). Modes: eager; inductor (``torch.compile``); kernelab (``backend="kernelab"``, its kernels under
 Triton's interpreter); kernelab-noreuse (the same with no output stored over an input,
 ``runtime._plan_reuse`` off: what ``GroupRunner.reuse`` saves). Models: the zoo at its tiny size,
 and ``lm_head``: a 2-layer Llama of width 64 with Llama's own loss over a 32000-word vocabulary, 2 x
@@ -40,11 +42,12 @@ sys.path.insert(0, str(ROOT))
 
 MODES = ("eager", "inductor", "kernelab", "kernelab-noreuse")
 MODELS = ("lm_head", "llama", "gpt2", "bert", "t5", "mixtral", "vit", "convnext", "resnet")
-FIELDS = ("model", "mode", "status", "peak_mib", "end_mib", "x_inductor", "error", "device", "torch", "triton", "date")
+STEPS = ("train", "infer")
+FIELDS = ("model", "step", "mode", "status", "peak_mib", "end_mib", "x_inductor", "error", "device", "torch", "triton", "date")
 
 
 def _lm_head_model():
-    """(module, inputs, loss function): a Llama whose logits dominate the step's memory."""
+    """(module, inputs, loss function, forward function): a Llama whose logits dominate the step's memory."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -52,7 +55,8 @@ def _lm_head_model():
                          num_key_value_heads=2, vocab_size=32000, max_position_embeddings=512, attention_dropout=0.0)
     config._attn_implementation = "sdpa"
     ids = torch.randint(0, 32000, (2, 256), generator=torch.Generator().manual_seed(0))
-    return LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}, lambda m, inputs: m(**inputs).loss
+    return (LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}, lambda m, inputs: m(**inputs).loss,
+            lambda m, inputs: m(input_ids=inputs["input_ids"]).logits)
 
 
 def _build(name: str):
@@ -62,7 +66,7 @@ def _build(name: str):
 
     zm = ZOO[name]
     module, inputs = zm.build("tiny")
-    return module, inputs, zm.loss
+    return module, inputs, zm.loss, zm.forward
 
 
 def step_peak(step) -> tuple[float, float]:
@@ -79,7 +83,7 @@ def step_peak(step) -> tuple[float, float]:
     return peak, now
 
 
-def worker(name: str, mode: str) -> dict:
+def worker(name: str, step_kind: str, mode: str) -> dict:
     import torch
 
     torch.manual_seed(0)
@@ -87,12 +91,18 @@ def worker(name: str, mode: str) -> dict:
         from kernelab.compiler import runtime
 
         runtime._plan_reuse = lambda *args, **kwargs: None
-    module, inputs, loss = _build(name)
-    fn = lambda inp: loss(module, inp)  # noqa: E731 - the loss function compiled, as models.py does
+    module, inputs, loss, forward = _build(name)
+    train = step_kind == "train"
+    module.train(train)
+    # the loss function compiled, as models.py does; inference: the logits under no_grad
+    fn = (lambda inp: loss(module, inp)) if train else (lambda inp: forward(module, inp))
     if mode != "eager":
         fn = torch.compile(fn, backend="inductor" if mode == "inductor" else "kernelab")
 
     def step():
+        if not train:
+            with torch.no_grad():
+                return fn(inputs)
         module.zero_grad(set_to_none=True)
         fn(inputs).backward()
 
@@ -110,14 +120,14 @@ def _versions() -> dict:
             "triton": triton.__version__, "date": datetime.date.today().isoformat()}
 
 
-def run(name: str, mode: str, timeout: float) -> dict:
-    """One model and mode in a fresh process; a row (status ok / error / timeout)."""
+def run(name: str, mode: str, timeout: float, step: str = "train") -> dict:
+    """One model, step and mode in a fresh process; a row (status ok / error / timeout)."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(ROOT)
-    row = {"model": name, "mode": mode}
+    row = {"model": name, "step": step, "mode": mode}
     try:
-        done = subprocess.run([sys.executable, __file__, "--worker", name, mode], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        done = subprocess.run([sys.executable, __file__, "--worker", name, step, mode], capture_output=True,
+                              text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {**row, "status": "timeout", "error": f"over {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -133,27 +143,29 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per model and mode")
-    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", default="train", help="comma-separated: train, infer")
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print("RESULT " + json.dumps(worker(*args.worker)), flush=True)
         return 0
     if args.out is None:
         parser.error("OUT_DIR is required")
-    names, modes = args.only.split(","), args.modes.split(",")
-    unknown = sorted(set(names) - set(MODELS)) + sorted(set(modes) - set(MODES))
+    names, modes, steps = args.only.split(","), args.modes.split(","), args.steps.split(",")
+    unknown = sorted(set(names) - set(MODELS)) + sorted(set(modes) - set(MODES)) + sorted(set(steps) - set(STEPS))
     if unknown:
-        parser.error(f"unknown model or mode: {', '.join(unknown)}")
+        parser.error(f"unknown model, mode or step: {', '.join(unknown)}")
     from rich.progress import Progress
 
     rows, env = [], _versions()
     with Progress() as progress:
-        task = progress.add_task("steps", total=len(names) * len(modes))
+        task = progress.add_task("steps", total=len(names) * len(modes) * len(steps))
         for name in names:
-            for mode in modes:
-                progress.update(task, description=f"{name} {mode}")
-                rows.append({**run(name, mode, args.timeout), **env})
-                progress.advance(task)
+            for step in steps:
+                for mode in modes:
+                    progress.update(task, description=f"{name} {step} {mode}")
+                    rows.append({**run(name, mode, args.timeout, step), **env})
+                    progress.advance(task)
     _ratios(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "memory_cpu.csv", "w", newline="") as f:
@@ -166,21 +178,21 @@ def main(argv=None) -> int:
 
 def _ratios(rows) -> None:
     """x_inductor: the step's peak over Inductor's, same model (above 1: more memory)."""
-    inductor = {r["model"]: r.get("peak_mib") for r in rows if r["mode"] == "inductor" and r["status"] == "ok"}
+    inductor = {(r["model"], r["step"]): r.get("peak_mib") for r in rows if r["mode"] == "inductor" and r["status"] == "ok"}
     for r in rows:
-        base = inductor.get(r["model"])
+        base = inductor.get((r["model"], r["step"]))
         if r["status"] == "ok" and base:
             r["x_inductor"] = round(r["peak_mib"] / base, 3)
 
 
 def table(rows) -> str:
     lines = [f"step peak above its start, CPU allocator events (MiB); torch {rows[0]['torch']}, {rows[0]['date']}",
-             f"{'model':10s} {'mode':18s} {'peak':>9s} {'end':>9s} {'x inductor':>10s}"]
+             f"{'model':10s} {'step':6s} {'mode':18s} {'peak':>9s} {'end':>9s} {'x inductor':>10s}"]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"{r['model']:10s} {r['mode']:18s} {r['status']}: {r.get('error', '')}")
+            lines.append(f"{r['model']:10s} {r['step']:6s} {r['mode']:18s} {r['status']}: {r.get('error', '')}")
             continue
-        lines.append(f"{r['model']:10s} {r['mode']:18s} {r['peak_mib']:9.2f} {r['end_mib']:9.2f} "
+        lines.append(f"{r['model']:10s} {r['step']:6s} {r['mode']:18s} {r['peak_mib']:9.2f} {r['end_mib']:9.2f} "
                      f"{r.get('x_inductor', ''):>10}")
     return "\n".join(lines)
 

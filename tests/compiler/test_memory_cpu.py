@@ -35,7 +35,7 @@ def test_step_peak_follows_allocations_and_frees():
 
 def test_lm_head_step_holds_one_copy_of_the_logits_less_with_reuse(tmp_path):
     mem = _script()
-    rows = {mode: mem.run("lm_head", mode, timeout=600) for mode in ("kernelab", "kernelab-noreuse")}
+    rows = {mode: mem.run("lm_head", mode, timeout=600, step="train") for mode in ("kernelab", "kernelab-noreuse")}
     for mode, row in rows.items():
         assert row["status"] == "ok", (mode, row)
     logits_mib = 2 * 256 * 32000 * 4 / 2**20
