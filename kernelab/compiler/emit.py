@@ -167,13 +167,7 @@ class Emitter:
         k = self.loads.index(Load(parts.source, f"gsrc{j}"))
         terms = []
         for t, index in enumerate(parts.indices):
-            if fusion.is_constant(index):  # one index everywhere (a full of an integer)
-                name = f"tl.full([1], {literal(fusion.constant_value(index))}, tl.int64)"
-            elif index in self.group.roles:
-                name = self.names[index]
-            else:
-                name = self.names[index, f"gidx{j}.{t}"]
-            terms.append(f"{name}.to(tl.int64) * in{k}_gstride{t}")
+            terms.append(f"{self._index_name(index, f'gidx{j}.{t}')}.to(tl.int64) * in{k}_gstride{t}")
         mask = f", mask={self.mask}, other=0" if self.mask else ""
         return (f"tl.load(in{k}_ptr + in{k}_off + {' + '.join(terms)}{mask})"
                 f".to({compute_type(fusion.value(node).dtype)})")
@@ -187,11 +181,18 @@ class Emitter:
         j = self.group.nodes.index(node)
         terms = []
         for t, index in enumerate(fusion.scatter_parts(node).indices):
-            name = self.names[index] if index in self.group.roles else self.names[index, f"sidx{j}.{t}"]
-            terms.append(f"{name}.to(tl.int64) * out{out}_sstride{t}")
+            terms.append(f"{self._index_name(index, f'sidx{j}.{t}')}.to(tl.int64) * out{out}_sstride{t}")
         mask = f", mask={self.mask}" if self.mask else ""
         return (f"tl.atomic_add(out{out}_ptr + out{out}_off + {' + '.join(terms)}, {var_name(node)}{mask}, "
                 f'sem="relaxed")')
+
+    def _index_name(self, index, role: str) -> str:
+        """A gather's or scatter's index: a literal where it is one value everywhere (a full of an
+        integer, inlined: no load; BERT-like models' ``token_type_ids = zeros`` in the embedding's
+        backward scatter raised a KeyError here), the group's value, or its load."""
+        if fusion.is_constant(index):
+            return f"tl.full([1], {literal(fusion.constant_value(index))}, tl.int64)"
+        return self.names[index] if index in self.group.roles else self.names[index, role]
 
     def _name_of(self, node):
         if node in self.group.roles:

@@ -77,10 +77,28 @@ class ViewChain:
             return self.make(root, self.size, self.stride, self.offset)
         out = root
         for target, args in self.steps:
-            out = target(out, *args)
+            out = self._step(target, out, args)
         if out.untyped_storage().data_ptr() == root.untyped_storage().data_ptr():
             self.key, self.size, self.stride, self.offset = key, out.shape, out.stride(), out.storage_offset()
         return out
+
+
+    def _step(self, target, value, args):
+        """One view; a ``view`` the value's layout cannot take (a kernel's output laid out other
+        than the traced value: Mamba's ``permute -> unsqueeze -> view`` of a row kernel's
+        row-major output) is a ``reshape``, a copy, where the caller never sees the result (a
+        returned view must alias its base as traced: there the error stands). The copy is never
+        recorded as an alias of the root (``__call__``)."""
+        try:
+            return target(value, *args)
+        except RuntimeError:
+            if self.make is tracked_view or target not in _RESHAPEABLE:
+                raise
+            return torch.ops.aten.reshape.default(value, *args)
+
+
+#: views by size alone, a reshape where the layout refuses them
+_RESHAPEABLE = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 
 
 def view_chains(runner) -> tuple[dict, set]:

@@ -295,3 +295,34 @@ def test_a_model_called_twice_before_one_backward(monkeypatch, forward, model):
         results.append([a.grad, b.grad] + [p.grad for p in module.parameters()] + list(module.buffers()))
     for got, want in zip(*results):
         assert_close(got, want, what="gradient or buffer")
+
+
+@pytest.mark.xfail(strict=True, reason="known (2026-12-05): with the generated forward RegNet-Y-400MF's "
+                   "gradients are ~2e-2 from float64 where eager's float32 are 5e-5; cause not found")
+def test_generated_forward_keeps_regnet_gradients_as_close_to_float64_as_eager(monkeypatch):
+    """Found when the generated forward was to become the default (it was faster on ResNet-50 on an
+    H100: 37.1 against 42.7 ms a step): RegNet-Y-400MF's training step (2 x 3 x 112 x 112),
+    every parameter gradient 1-2% off eager, against float64 2.2e-2 where eager's float32 is
+    4.9e-5; with ATen's forward 9.4e-5. Plain batch norms at small and odd sizes match eager to
+    1e-7 (above), so the cause is in how these norms meet the rest of RegNet's graph. Strict:
+    when it passes, the fix is in and the default can change."""
+    import torchvision
+
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    torch.manual_seed(0)
+    model = torchvision.models.regnet_y_400mf(num_classes=10).train()
+    x = _r(2, 3, 112, 112)
+
+    def grads(m, xx, compiled=False):
+        m = copy.deepcopy(m)
+        (torch.compile(m, backend="kernelab") if compiled else m)(xx).logsumexp(-1).mean().backward()
+        torch._dynamo.reset()
+        return {n: p.grad.double() for n, p in m.named_parameters() if p.grad is not None}
+
+    truth = grads(copy.deepcopy(model).double(), x.double())
+    eager, mine = grads(model, x), grads(model, x, compiled=True)
+
+    def worst(g):
+        return max(((g[n] - truth[n]).norm() / (truth[n].norm() + 1e-30)).item() for n in truth)
+
+    assert worst(mine) <= max(10 * worst(eager), 1e-4), (worst(mine), worst(eager))

@@ -437,3 +437,23 @@ def test_scatters_of_values_a_row_kernel_wrote_share_one_kernel():
     assert not [e for gp in plan.graphs for e in gp.eager if "index_put" in e[1]]
     scatters = [g for gp in plan.graphs for g in gp.groups if any(op.endswith("= index_put_") for op in g.ops)]
     assert len(scatters) == 1, [g.name for g in scatters]
+
+
+def test_embedding_backward_scatter_at_a_constant_index():
+    """``token_type_ids = zeros`` made inside the graph (MegatronBERT, Longformer, MobileBERT,
+    SqueezeBERT): the embedding's backward is a scatter at a constant index, which the codegen
+    looked up as a load and raised KeyError (found by a held-out sweep, 2026-12-05); the index is
+    now a literal, as a gather's constant index already was."""
+    def f(x, w):
+        tt = torch.zeros(x.shape[:2], dtype=torch.long)
+        return (x + F.embedding(tt, w)).sin().sum()
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 12, 32, generator=g), torch.randn(2, 32, generator=g)
+    grads = []
+    for fn in (f, torch.compile(f, backend="kernelab")):
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        fn(xx, ww).backward()
+        grads.append((xx.grad, ww.grad))
+    for a, b in zip(grads[1], grads[0]):
+        assert rel_norm(a, b) < REL

@@ -65,6 +65,12 @@ MODELS = {
                       num_hidden_layers=2, num_attention_heads=4, vocab_size=128, max_position_embeddings=64,
                       pad_token_id=0, eos_token_id=1, bos_token_id=1, cls_token_id=1, sep_token_id=1,
                       embedding_dropout=0.0, mlp_dropout=0.0, attention_dropout=0.0),
+    # 2026-12-05 (second held-out sweep): a state-space model whose backward views a row kernel's
+    # output as eager laid it out (permute -> unsqueeze -> view): a crash until such views became
+    # reshapes (``views.ViewChain._step``); MegatronBERT's token types (a scatter at a constant index)
+    "mamba": _hf("MambaForCausalLM", "MambaConfig", vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                 state_size=4, expand=2),
+    "megatron_bert": _hf("MegatronBertForMaskedLM", "MegatronBertConfig", **_ENCODER),
     "coatnet": _vision(lambda: timm.create_model("coatnet_nano_rw_224", pretrained=False, num_classes=10, img_size=64,
                                                  drop_rate=0.0, drop_path_rate=0.0), side=64),
     "mobilenet_v3": _vision(lambda: torchvision.models.mobilenet_v3_small(num_classes=10, dropout=0.0)),
