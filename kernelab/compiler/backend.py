@@ -255,12 +255,11 @@ def _donated_inputs() -> frozenset:
     on by default): saved activations that alias no input or output of the step, read by this
     backward only. aot_autograd refuses ``retain_graph=True`` for such a backward, as for
     Inductor's, so each is read once. Empty where the tracing context does not say."""
+    from torch._functorch import config as functorch_config
     from torch._guards import TracingContext
 
     meta = getattr(TracingContext.try_get(), "fw_metadata", None)
     donated = getattr(meta, "bw_donated_idxs", None)
-    from torch._functorch import config as functorch_config
-
     return frozenset(donated) if donated and functorch_config.donated_buffer else frozenset()
 
 

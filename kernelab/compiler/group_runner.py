@@ -294,8 +294,8 @@ class GroupRunner:
     #: (output index, graph input node): outputs stored into inputs (``graph.absorb_copies``)
     into: list = field(default_factory=list)
     #: (output index, load index): outputs that may be stored over an input whose last use is this
-    #: kernel and whose memory the runner owns (a backward's donated saved activation): the
-    #: cross-entropy backward's gradient written over the logits it reads (``reusable``)
+    #: kernel and whose memory the runner owns (a backward's donated saved activation, or a value
+    #: the graph computed): the cross-entropy backward's gradient over the logits (``reusable``)
     reuse: list = field(default_factory=list)
 
     def __post_init__(self):

@@ -82,7 +82,6 @@ class ViewChain:
             self.key, self.size, self.stride, self.offset = key, out.shape, out.stride(), out.storage_offset()
         return out
 
-
     def _step(self, target, value, args):
         """One view; a ``view`` the value's layout cannot take (a kernel's output laid out other
         than the traced value: Mamba's ``permute -> unsqueeze -> view`` of a row kernel's
