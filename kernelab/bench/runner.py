@@ -121,6 +121,41 @@ def _step(fn, grad_of, backward: bool, grad_out):
     return run
 
 
+def _reference(spec: S.Spec, inputs, case: Case, device: torch.device, gen) -> tuple[list, torch.Tensor]:
+    """The float64 outputs (and input gradients, for a backward case) of one case, and the output
+    gradient every provider is given. Computed on the GPU; where float64 does not fit there (a
+    151936-word vocabulary's log-softmax and its gradient at 4096 rows hold ~20 GB of float64 on an
+    80 GB card beside the providers' caches), on the CPU, and the results moved back."""
+    ref_out_shape = None
+    for where in ((device, torch.device("cpu")) if device.type == "cuda" else (device,)):
+        try:
+            ref_args = with_grad(tuple(a.to(where, torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else
+                                       a.to(where) if isinstance(a, torch.Tensor) else a for a in inputs.args),
+                                 inputs.grad_of, case.backward)
+            ref_out = spec.reference(*ref_args)
+            if ref_out_shape is None:
+                ref_out_shape = ref_out.shape
+                grad_out = (torch.randn(ref_out.shape, device=device, generator=gen, dtype=torch.float32).to(case.dtype)
+                            if ref_out.dim() else torch.ones((), device=device, dtype=case.dtype))
+            ref = [ref_out]
+            if case.backward:
+                ref += list(torch.autograd.grad(ref_out, [ref_args[i] for i in inputs.grad_of], grad_out.to(where, torch.float64)))
+            return [r.to(device) for r in ref], grad_out
+        except torch.cuda.OutOfMemoryError:
+            ref_args = ref_out = ref = None
+            _release_memory()
+    raise AssertionError("unreachable: the CPU reference raises rather than running out of GPU memory")
+
+
+def _release_memory() -> None:
+    """Drop what the last case left to the garbage collector and hand cached blocks back."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict, copy: float, progress=None, task=None,
              timer=timing.time_ms, spec: S.Spec | None = None, extra_timers: dict | None = None) -> list[Row]:
     """Check and time every provider of one (op, shape, pass) (``timer`` is swappable for CPU tests).
@@ -131,13 +166,7 @@ def run_case(case: Case, wanted: Iterable[str], device: torch.device, env: dict,
     gen = torch.Generator(device).manual_seed(zlib.crc32(case.label.encode()))
     # float64 reference on fresh inputs (the providers see the same values, rounded to dtype)
     inputs = spec.make(case.shape, case.dtype, device, gen)
-    ref_args = with_grad(tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in inputs.args), inputs.grad_of, case.backward)
-    ref_out = spec.reference(*ref_args)
-    grad_out = torch.randn(ref_out.shape, device=device, generator=gen, dtype=torch.float32).to(case.dtype) if ref_out.dim() else torch.ones((), device=device, dtype=case.dtype)
-    ref = [ref_out]
-    if case.backward:
-        ref += list(torch.autograd.grad(ref_out, [ref_args[i] for i in inputs.grad_of], grad_out.double()))
-    del ref_args
+    ref, grad_out = _reference(spec, inputs, case, device, gen)
     out_sizes = sorted({r.numel() * case.dtype.itemsize for r in ref if r.numel()}, reverse=True) or [4]
     rows = []
     for name, fn in provider_fns(spec, wanted).items():
@@ -217,4 +246,16 @@ def run(case_list: list[Case], wanted=PROVIDERS, device=None, copy: float | None
                                 status="skipped (time budget)", ms=None, bytes=0, tbps=None, pct_copy=None, copy_tbps=copy))
                 continue
             rows += run_case(case, wanted, device, env, copy, progress, task, extra_timers=extra_timers)
+            _release_memory()
+            _report_held_memory(case, device, progress.console)
     return rows
+
+
+def _report_held_memory(case: Case, device: torch.device, console) -> None:
+    """A case leaves nothing on the GPU; one that does (a provider's cache, a captured graph) is
+    named here, so a later case running out of memory can be traced to the case that filled it."""
+    if device.type != "cuda":
+        return
+    held = torch.cuda.memory_allocated(device)
+    if held > 1 << 30:
+        console.print(f"[yellow]memory still allocated after {case.label}: {held / 2**30:.2f} GiB[/yellow]")

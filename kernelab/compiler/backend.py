@@ -27,8 +27,16 @@ __all__ = ["kernelab_backend", "decompositions", "KernelabFallbackWarning", "res
 
 
 def decompositions() -> dict:
-    """The decomposition table (``_decompositions``) for the current settings."""
-    return _decompositions(config.batch_norm_backward(), config.batch_norm_forward())
+    """The decomposition table aot_autograd traces with (``_decompositions``), current settings."""
+    return _decompositions(config.batch_norm_backward())
+
+
+def _partitioned_graph_decompositions() -> dict | None:
+    """The table the partitioned graphs are decomposed further with (training batch norm's
+    forward, ``KERNELAB_BN_FORWARD=generated``); None where nothing is left to decompose."""
+    if config.batch_norm_forward() != "generated":
+        return None
+    return _decompositions(config.batch_norm_backward(), "generated")
 
 
 @functools.lru_cache(maxsize=4)
@@ -49,9 +57,10 @@ def _decompositions(batch_norm_backward: str, batch_norm_forward: str = "aten") 
         aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,  # inference batch norm: pointwise
     ]
     if batch_norm_forward == "generated":
-        # training batch norm after functionalization: its statistics become a row and a column
-        # kernel (``rewrites.batch_norm_statistics_as_rows_then_columns``), the running
-        # statistics' ``copy_`` the column kernel's stores into the buffers (``graph.absorb_copies``)
+        # training batch norm, decomposed in the partitioned graphs (``_partitioned_graph_rewrites``)
+        # and not before aot_autograd: its statistics become a row and a column kernel
+        # (``rewrites.batch_norm_statistics_as_rows_then_columns``), the running statistics'
+        # ``copy_`` the column kernel's stores into the buffers (``graph.absorb_copies``)
         extra.append(aten._native_batch_norm_legit_functional)
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(extra))
@@ -268,11 +277,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
     """Partition one ATen graph and return its boxed callable. ``visible_outputs``: see
     ``runtime.GraphRunner.visible_outputs``; ``tiling``: the launch heuristics (``tiling.py``);
     ``donated``: inputs whose memory kernels may store outputs over (``_donated_inputs``)."""
-    from . import graph, plan, runtime
+    from . import graph, plan, rewrites, runtime
 
     runnable, why = _can_run(example_inputs, gm)  # may import triton: a once-per-process cost
     t0 = time.perf_counter()
     try:
+        later = _partitioned_graph_decompositions()
+        if later is not None:
+            rewrites.batch_norm_forwards_decomposed(gm, later)
         part = graph.partition(gm)
         runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs), visible_outputs, tiling,
                                            donated)
