@@ -31,14 +31,20 @@ def _stepper(zm, model, target, inputs, kind, loss_fn: bool):
     """One step as a call: train (grads set to None, loss, backward) or infer (no_grad forward).
     ``loss_fn``: ``target`` is the compiled loss function (what models.py compiles: the model's
     other outputs, such as logits, are not returned), else the compiled model."""
+    import time
+
     def step():
         torch.compiler.cudagraph_mark_step_begin()  # a new step for CUDA graph modes (no-op otherwise)
         if kind == "train":
             model.zero_grad(set_to_none=True)
-            (target(inputs) if loss_fn else zm.loss(target, inputs)).backward()
+            t0 = time.perf_counter()
+            loss = target(inputs) if loss_fn else zm.loss(target, inputs)
+            step.forward_ms.append((time.perf_counter() - t0) * 1e3)  # the host's share of the step
+            loss.backward()  # (returns once the autograd thread has launched the backward)
         else:
             with torch.no_grad():
                 target(inputs) if loss_fn else zm.forward(target, inputs)
+    step.forward_ms = []
     return step
 
 
@@ -138,7 +144,9 @@ def _area(filename: str, function: str) -> str:
 
 def _host_profile(step, top: int, out: Path | None = None, steps: int = 5) -> list[str]:
     """cProfile of ``steps`` steps' host side: the time per step by area of the stack, then the
-    Python functions that took the most time of their own. Saves the raw profile under ``out``."""
+    Python functions that took the most time of their own. Saves the raw profile under ``out``.
+    cProfile sees the calling thread only: the forward, and the backward's call waiting for
+    autograd's CUDA thread, which runs (and launches) the compiled backward unprofiled."""
     import cProfile
     import io
     import pstats
@@ -158,7 +166,7 @@ def _host_profile(step, top: int, out: Path | None = None, steps: int = 5) -> li
         area = _area(filename, function)
         areas[area] = areas.get(area, 0.0) + tottime
     total = sum(areas.values())
-    lines = [f"  host profile (cProfile, {steps} steps; cProfile's own overhead included): "
+    lines = [f"  host profile (cProfile, {steps} steps, this thread only: not the backward's; its own overhead included): "
              f"{1e3 * total / steps:.2f} ms a step"]
     for area, seconds in sorted(areas.items(), key=lambda kv: -kv[1]):
         lines.append(f"    {1e3 * seconds / steps:7.2f} ms {100 * seconds / max(total, 1e-12):5.1f}%  {area}")
@@ -187,8 +195,10 @@ def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False,
     step = _stepper(zm, model, target, inputs, kind, loss_fn)
     for _ in range(2):
         step()
+    step.forward_ms.clear()
     host, wall = _host_and_wall(step)
     host_ms, wall_ms = statistics.median(host), statistics.median(wall)
+    forward_ms = statistics.median(step.forward_ms) if step.forward_ms else None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -200,7 +210,8 @@ def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False,
     peak = torch.cuda.max_memory_allocated() / 2**30
     lines = [f"== {name} {kind} {mode}: {total:.2f} ms of GPU time in {calls} kernels/memops, peak {peak:.2f} GiB; "
              f"step {wall_ms:.2f} ms, of which the host took {host_ms:.2f} ms to launch everything "
-             f"(medians of {len(wall)} steps; step {min(wall):.2f}-{max(wall):.2f}, host {min(host):.2f}-{max(host):.2f})"]
+             f"(medians of {len(wall)} steps; step {min(wall):.2f}-{max(wall):.2f}, host {min(host):.2f}-{max(host):.2f})"
+             + (f"; host forward {forward_ms:.2f} ms, backward and the rest {host_ms - forward_ms:.2f}" if forward_ms else "")]
     for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
         ms = e.device_time_total / 1e3
         lines.append(f"  {ms:8.3f} ms {100 * ms / max(total, 1e-9):5.1f}% x{e.count:<4d} {e.key[:110]}")
