@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""The host time kernelab's compiled runners add to a step, on the CPU, launches stubbed.
+
+    TRITON_INTERPRET=1 python benchmarks/compiler_host_cpu.py [--models vit,bert,resnet] [--steps 20]
+                                                              [--repeats 5] [--profile MODEL] [--out FILE]
+
+A zoo model's training step at its tiny size, compiled with ``backend="kernelab"`` on CPU tensors:
+the first two steps run for real (Triton's interpreter), then every launch takes the path a GPU's
+cached call takes (``group_runner._DirectLaunch.launch``: its specialization key, launch hooks,
+stream) with a no-op in place of the driver's launch, so that the kernels' outputs are left as
+allocated. What is timed is everything else a compiled step does on the host: dynamo's guards,
+aot_autograd's wrappers, the generated runners, allocations, views, the ATen ops left to ATen (on
+tiny CPU tensors). The step runs on the calling thread (a CPU backward has no autograd thread of
+its own), so ``time.thread_time`` and cProfile see all of it, forward and backward: what the
+GPU's cProfile (``zoo_profile.py --cprofile``) misses of the backward.
+
+Figures per step (medians of ``--repeats`` rounds of ``--steps`` steps): the whole step, and the
+part spent in kernelab's own modules (cProfile's own times of functions under ``kernelab/`` and the
+generated runners, summed; cProfile inflates Python time, so compare these only with each other).
+``--profile MODEL`` prints that model's kernelab functions by own time. For comparisons of one
+code change on one machine: the CPU's ATen dispatch is not the GPU host's.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+
+class _NoLaunch:
+    """Stands in for ``launch.StaticLauncher``: the driver's launch, minus the launch."""
+
+    def launch(self, grid, stream, args) -> None:
+        return None
+
+
+def stub_launches() -> None:
+    """Every group's call launched once for real (the interpreter), then bound to a no-op
+    launcher through ``_DirectLaunch``, as a GPU binds the compiled binary."""
+    from triton import knobs
+
+    from kernelab.compiler import group_runner as gr
+
+    def first_launch(self, call, args, varying):
+        call.kernel[call.grid](*args, **call.meta)
+        return gr._DirectLaunch(None, tuple(call.grid), (), gr._specialization_key(varying), 0,
+                                lambda device_index: 0, knobs, _NoLaunch())
+
+    gr.GroupRunner.first_launch = first_launch
+
+
+def _step_of(name: str):
+    from kernelab.zoo import ZOO
+
+    zm = ZOO[name]
+    model, inputs = zm.build("tiny")
+    compiled = torch.compile(model, backend="kernelab")
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        zm.loss(compiled, inputs).backward()
+    return step
+
+
+def _kernelab_share(prof: cProfile.Profile) -> float:
+    """Seconds of own time in kernelab's modules and its generated runners."""
+    total = 0.0
+    for (filename, _, _), (_, _, tottime, _, _) in pstats.Stats(prof).stats.items():
+        if "/kernelab/" in filename or filename.startswith("<kernelab"):
+            total += tottime
+    return total
+
+
+def measure(name: str, steps: int, repeats: int, profile: bool = False) -> dict:
+    step = _step_of(name)
+    for _ in range(3):  # compile, the interpreter's first launches, then the stubbed path once
+        step()
+    rounds = []
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        for _ in range(steps):
+            step()
+        rounds.append((time.thread_time() - t0) / steps * 1e3)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    row = {"model": name, "step_ms": statistics.median(rounds), "kernelab_ms_cprofile": _kernelab_share(prof) / steps * 1e3}
+    if profile:
+        stats = pstats.Stats(prof)
+        own = sorted(((v[2], v[0], f"{Path(k[0]).name}:{k[1]}({k[2]})") for k, v in stats.stats.items()
+                      if "/kernelab/" in k[0] or k[0].startswith("<kernelab")), reverse=True)
+        row["profile"] = [f"{t / steps * 1e3:8.3f} ms {n // steps:6d} calls  {where}" for t, n, where in own[:25]]
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="vit,bert,resnet")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", default="", help="print this model's kernelab functions by own time")
+    ap.add_argument("--out", type=Path, help="append the table (and profile) to this file")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        print("compiler_host_cpu.py: run with TRITON_INTERPRET=1 (the first launches run in Triton's interpreter)",
+              file=sys.stderr)
+        return 2
+    stub_launches()
+    lines = [f"# compiler_host_cpu.py --models {args.models} --steps {args.steps} --repeats {args.repeats}, "
+             f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs",
+             f"{'model':10s} {'step ms':>9s} {'kernelab own ms (cProfile)':>28s}"]
+    for name in [m for m in args.models.split(",") if m]:
+        row = measure(name, args.steps, args.repeats, profile=name == args.profile)
+        lines.append(f"{name:10s} {row['step_ms']:9.2f} {row['kernelab_ms_cprofile']:28.2f}")
+        lines += row.get("profile", [])
+        print(lines[-1 - len(row.get("profile", []))], flush=True)
+    print("\n".join(lines))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
