@@ -279,7 +279,7 @@ def addmm(op, ctx):
     if _empty(op):
         return []
     bias = op.args["self"]
-    out = op.outputs[0]
+    out = op.written[0]  # the result, or the ``out=`` tensor (the compiler's padded products)
     fusable = len(bias.shape) == 1 and bias.is_contiguous and op.args.get("beta", 1) == 1
     if fusable:
         return _gemm_kernels(op, ctx, "gemm+bias (cuBLASLt)")

@@ -339,6 +339,18 @@ def test_padded_product_returned_in_eager_layout(rows):
     assert_close(out, head(h, w), what="relu(h @ w.T)")
 
 
+def test_explain_of_a_padded_product_with_a_bias():
+    """``kernelab.explain`` of a linear layer with a bias and long unaligned rows (BERT's masked-LM
+    decoder over 30522 words): the product runs as ``addmm(..., out=padded)``, whose recorded op
+    has its result as the ``out=`` tensor and no output of its own; the prediction rule read the
+    missing output and ``explain`` raised IndexError (found on the CPU, 2026-12-05)."""
+    lin = torch.nn.Linear(16, 1031)
+    h = _r(1024, 16)
+    plan = klc.explain(lambda x: lin(x).relu(), h)
+    assert any("rows of 1031 padded to 1032" in line for line in plan.graphs[0].padded), plan.graphs[0].padded
+    assert any(k.category == "matmul" for k in plan.kernels), [k.name for k in plan.kernels]
+
+
 def test_flattening_view_keeps_the_product_unpadded():
     """A view that needs contiguous rows (flattening them into one dim) does not exist on the
     padded layout: that product stays unpadded."""
