@@ -59,7 +59,7 @@ def _lm_head_model():
             lambda m, inputs: m(input_ids=inputs["input_ids"]).logits)
 
 
-def _bert_head_model():
+def _bert_head_model(batch: int = 4, seq: int = 128):
     """(module, inputs, loss, forward): the zoo's BERT (masked LM) at width 64 with BERT-base's
     30522-word vocabulary, 4 x 128 tokens: the logits (59.6 MiB in float32) dominate, as at
     BERT-base's size (the H100 measured kernelab's inference peak at 1.22 GiB against Inductor's 0.80)."""
@@ -71,8 +71,8 @@ def _bert_head_model():
                         attention_probs_dropout_prob=0.0, pad_token_id=0)
     config._attn_implementation = "sdpa"
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, 30522, (4, 128), generator=gen)
-    labels = torch.where(torch.rand(4, 128, generator=gen) < 0.15, ids, torch.full_like(ids, -100))
+    ids = torch.randint(1, 30522, (batch, seq), generator=gen)
+    labels = torch.where(torch.rand(batch, seq, generator=gen) < 0.15, ids, torch.full_like(ids, -100))
     mask = torch.ones_like(ids)
     inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids), "labels": labels}
     return (BertForMaskedLM(config), inputs, lambda m, inp: m(**inp).loss,

@@ -372,8 +372,10 @@ class GroupRunner:
         stored, and nowhere else: a pointwise kernel (it loads every input at the element it
         stores), or a row reduction storing its full-size outputs in its last pass over the row
         (``loops.stores_in_the_last_pass``); an input read once, as a whole ("full"), never
-        gathered from; an output of its dtype and shape, not padded, not a scatter's buffer, not
-        stored into a graph input. Layouts are checked per call (``_reuse_for_call``)."""
+        gathered from; an output of its dtype and shape, not a scatter's buffer, not stored into a
+        graph input. Layouts are checked per call (``_reuse_for_call``): a padded output (rows a
+        product reads) over an input padded alike (a padded product saved for the backward, as
+        ``layout.visible`` leaves it), the padding never written."""
         g = self.group
         if not inputs or g.kind not in ("pointwise", "reduction") or (
                 g.kind == "reduction" and not loops.stores_in_the_last_pass(g)):
@@ -389,7 +391,7 @@ class GroupRunner:
                 continue
             for i, o in enumerate(g.outputs):
                 vo = fusion.value(o)
-                if i in barred or o in self.padded or g.roles.get(o) != "full" or vo.dtype != vp.dtype or \
+                if i in barred or g.roles.get(o) != "full" or vo.dtype != vp.dtype or \
                         [str(d) for d in vo.shape] != [str(d) for d in vp.shape]:
                     continue
                 pairs.append((i, k))

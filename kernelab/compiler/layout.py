@@ -31,7 +31,7 @@ from .. import config
 from . import fusion
 
 __all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "PAD_N", "MATMULS", "padded_cols", "pads_columns", "Padding", "plan",
-           "copies_as_kernels",
+           "copies_as_kernels", "visible",
            "PaddedProduct", "WidenedProduct", "padded_copy", "traced_layout", "enabled"]
 
 #: Rows shorter than this stay unpadded (Inductor's ``padding_stride_threshold``): the padding's
@@ -140,7 +140,22 @@ def plan(gm: fx.GraphModule, part, returned: set) -> Padding:
     return Padding(rows, {n for n in returned if _reaches(n, rows)}, widen, copies)
 
 
-def copies_as_kernels(gm: fx.GraphModule) -> int:
+def visible(output: fx.Node, visible_outputs: int | None) -> set:
+    """The nodes among the graph's outputs that the caller sees: the first ``visible_outputs``
+    (all where None). The others are saved for the backward graph, which takes them in any layout
+    (its kernels take strides per call, its products run on padded rows where they find room):
+    those stay padded, so that the padded product is the only copy of its value (BERT's saved
+    logits over 30522 words were held twice at the forward's end, once padded and once copied
+    back, and the backward's padded gradient of the logits could not take their memory)."""
+    args = output.args[0]
+    if visible_outputs is None or not isinstance(args, (list, tuple)):
+        return set(output.all_input_nodes)
+    found = []
+    fx.node.map_arg(list(args[:visible_outputs]), found.append)
+    return set(found)
+
+
+def copies_as_kernels(gm: fx.GraphModule, visible_outputs: int | None = None) -> int:
     """Before partitioning: the two copies padding needs, as ``clone`` nodes that a generated kernel
     computes (ATen's strided copy of unaligned rows ran at about 1.6 TB/s on the H200: two of them
     1.9 ms of GPT-2's training step, ``results/zoo_profile_gpt2_llama_train_memory_h200.txt``):
@@ -148,8 +163,9 @@ def copies_as_kernels(gm: fx.GraphModule) -> int:
     * an input with long unaligned rows that a product reads (the gradient of the logits that the
       loss's graph computed) is cloned for the products: the clone is written padded (a generated
       kernel's value a product reads), instead of ``padded_copy`` at the graph's start;
-    * a returned product (or a view of one) that will be padded is returned as a clone: the product
-      writes padded rows, the clone the traced layout, instead of ``traced_layout`` at the end.
+    * a returned product (or a view of one) that will be padded and that the caller sees
+      (``visible``) is returned as a clone: the product writes padded rows, the clone the traced
+      layout, instead of ``traced_layout`` at the end.
 
     Where the plan then pads nothing (a view the padded layout cannot express), the clone is one
     copy; the runtime copies remain for anything these miss. Returns how many clones were made."""
@@ -165,7 +181,7 @@ def copies_as_kernels(gm: fx.GraphModule) -> int:
             node.replace_all_uses_with(clone, delete_user_cb=lambda u: u is not clone)
             count += 1
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    returned = {a for a in output.all_input_nodes if _returns_padded_product(a)}
+    returned = {a for a in visible(output, visible_outputs) if _returns_padded_product(a)}
     for node in returned:
         with gm.graph.inserting_before(output):
             clone = _clone(gm, node)

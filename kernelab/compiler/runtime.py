@@ -61,7 +61,7 @@ class GraphRunner:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         attrs = {n: _fetch_attr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
         output = next(n for n in gm.graph.nodes if n.op == "output")
-        padding = layout.plan(gm, part, set(output.all_input_nodes)) if layout.enabled() else layout.Padding()
+        padding = layout.plan(gm, part, layout.visible(output, visible_outputs)) if layout.enabled() else layout.Padding()
         for g in part.groups:
             runners[id(g)].padded = {n: padding.rows[n] for n in g.outputs if n in padding.rows}
         for group, value, buf in part.into.values():  # outputs stored into graph inputs (graph.absorb_copies)
