@@ -47,15 +47,12 @@ class _NoLaunch:
 
 def stub_launches() -> None:
     """Every group's call launched once for real (the interpreter), then bound to a no-op
-    launcher through ``_DirectLaunch``, as a GPU binds the compiled binary."""
-    from triton import knobs
-
+    launcher (``group_runner.bound_launch``), as a GPU binds the compiled binary."""
     from kernelab.compiler import group_runner as gr
 
     def first_launch(self, call, args, varying):
         call.kernel[call.grid](*args, **call.meta)
-        return gr._DirectLaunch(None, tuple(call.grid), (), gr._specialization_key(varying), 0,
-                                lambda device_index: 0, knobs, _NoLaunch())
+        return gr.bound_launch(call, varying, _NoLaunch())
 
     gr.GroupRunner.first_launch = first_launch
 
@@ -114,6 +111,13 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default="", help="print this model's kernelab functions by own time")
     ap.add_argument("--out", type=Path, help="append the table (and profile) to this file")
     args = ap.parse_args(argv)
+    from kernelab.zoo import ZOO
+
+    unknown = sorted(set(m for m in args.models.split(",") if m) - set(ZOO))
+    if unknown or (args.profile and args.profile not in ZOO):
+        ap.error(f"unknown model: {', '.join(unknown or [args.profile])} (the zoo has {', '.join(sorted(ZOO))})")
+    if args.steps < 1 or args.repeats < 1:
+        ap.error("--steps and --repeats must be at least 1")
     if os.environ.get("TRITON_INTERPRET") != "1":
         print("compiler_host_cpu.py: run with TRITON_INTERPRET=1 (the first launches run in Triton's interpreter)",
               file=sys.stderr)

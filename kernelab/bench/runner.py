@@ -126,15 +126,14 @@ def _reference(spec: S.Spec, inputs, case: Case, device: torch.device, gen) -> t
     gradient every provider is given. Computed on the GPU; where float64 does not fit there (a
     151936-word vocabulary's log-softmax and its gradient at 4096 rows hold ~20 GB of float64 on an
     80 GB card beside the providers' caches), on the CPU, and the results moved back."""
-    ref_out_shape = None
+    grad_out = None
     for where in ((device, torch.device("cpu")) if device.type == "cuda" else (device,)):
         try:
             ref_args = with_grad(tuple(a.to(where, torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else
                                        a.to(where) if isinstance(a, torch.Tensor) else a for a in inputs.args),
                                  inputs.grad_of, case.backward)
             ref_out = spec.reference(*ref_args)
-            if ref_out_shape is None:
-                ref_out_shape = ref_out.shape
+            if grad_out is None:  # drawn once: a retry on the CPU gives the providers the same one
                 grad_out = (torch.randn(ref_out.shape, device=device, generator=gen, dtype=torch.float32).to(case.dtype)
                             if ref_out.dim() else torch.ones((), device=device, dtype=case.dtype))
             ref = [ref_out]

@@ -57,7 +57,7 @@ def _decompositions(batch_norm_backward: str, batch_norm_forward: str = "aten") 
         aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,  # inference batch norm: pointwise
     ]
     if batch_norm_forward == "generated":
-        # training batch norm, decomposed in the partitioned graphs (``_partitioned_graph_rewrites``)
+        # training batch norm, decomposed in the partitioned graphs (``_partitioned_graph_decompositions``)
         # and not before aot_autograd: its statistics become a row and a column kernel
         # (``rewrites.batch_norm_statistics_as_rows_then_columns``), the running statistics'
         # ``copy_`` the column kernel's stores into the buffers (``graph.absorb_copies``)

@@ -30,7 +30,7 @@ from .kcache import cache_dir, kernel_module
 from .tiling import DEFAULT as DEFAULT_TILING, Tiling
 
 __all__ = ["SymbolValues", "GroupRunner", "Launch", "Call", "run_reference", "call_node", "lookup", "interpreted",
-           "persistent_max", "PERSISTENT_MAX", "INT32_MAX", "pow2", "sm_count"]
+           "persistent_max", "PERSISTENT_MAX", "INT32_MAX", "pow2", "sm_count", "bound_launch"]
 
 
 INT32_MAX = 2**31 - 1
@@ -270,6 +270,17 @@ class _DirectLaunch:
         c.run(self.grid[0], self.grid[1], self.grid[2], stream, c.function,
               c.packed_metadata, None, None, None, *args, *self.constexprs)
         return True
+
+
+def bound_launch(call: Call, varying, launcher) -> _DirectLaunch:
+    """``call`` bound to ``launcher`` (anything with ``launch(grid, stream, args)``) the way a GPU
+    binds its compiled binary: every later launch takes the direct path (specialization key, launch
+    hooks, stream) and ends in ``launcher.launch``. For host-time measurements with the driver's
+    launch stubbed on the CPU (``benchmarks/compiler_host_cpu.py``)."""
+    from triton import knobs
+
+    return _DirectLaunch(None, tuple(call.grid), (), _specialization_key(varying), 0, lambda device_index: 0,
+                         knobs, launcher)
 
 
 # ---------------------------------------------------------------------------------------------

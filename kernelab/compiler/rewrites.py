@@ -1016,9 +1016,9 @@ def batch_norm_forwards_decomposed(gm: fx.GraphModule, table: dict) -> int:
     aot_autograd has already partitioned (``KERNELAB_BN_FORWARD=generated``).
 
     Decomposed *after* partitioning, the norm's backward stays ATen's ``native_batch_norm_backward``
-    (its fused formula, fed the saved mean and 1 / std the decomposition computes). Decomposed
-    before aot_autograd, as stop 30 did, the backward was autograd's derivative of the
-    decomposition: RegNet-Y-400MF's gradients 2.2e-2 from float64 where eager's are 5e-5."""
+    (eager's fused formula, fed the saved mean and 1 / std the decomposition computes); decomposed
+    before aot_autograd, the backward was autograd's derivative of the decomposition, several
+    kernels of its own whatever ``KERNELAB_BN_BACKWARD`` said."""
     op = aten._native_batch_norm_legit_functional.default
     if op not in table:
         return 0
@@ -1050,15 +1050,18 @@ def _decomposed_in_place(gm: fx.GraphModule, node: fx.Node, table: dict) -> int:
     if any(n.op == "get_attr" for n in nodes):
         return 0  # a constant of the trace's own module: not one of this graph's
     env = dict(zip([n for n in nodes if n.op == "placeholder"], tensors))
+    copied = []
     with gm.graph.inserting_before(node):
         for n in nodes:
             if n.op == "call_function":
                 env[n] = gm.graph.node_copy(n, lambda a: env[a])
-            elif n.op == "output":
-                results = [env[r] if isinstance(r, fx.Node) else r for r in n.args[0]]
+                copied.append(env[n])
+    results = [env[r] if isinstance(r, fx.Node) else r for r in nodes[-1].args[0]]  # the trace's output
     expected = node.meta["val"]
     if any(fusion.value(r).dtype != e.dtype or fusion.value(r).shape != e.shape for r, e in zip(results, expected)):
-        return 0  # unlike ATen's outputs (the copied nodes are dead: removed by _cleanup)
+        for n in reversed(copied):  # unlike ATen's outputs: the node stays, its copy goes
+            gm.graph.erase_node(n)
+        return 0
     for user in list(node.users):
         user.replace_all_uses_with(results[user.args[1]])
         gm.graph.erase_node(user)
