@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-OPS = ("layer_norm", "rms_norm", "softmax", "cross_entropy", "silu_mul", "linear", "linear_cross_entropy")
+OPS = ("layer_norm", "rms_norm", "softmax", "cross_entropy", "silu_mul", "bias_gelu", "linear", "linear_cross_entropy")
 
 
 class _Binary:
@@ -110,14 +110,16 @@ def cases(ops, device: str = "cpu") -> dict:
         "softmax": ((x,), (0,), lambda m: lambda x: m.softmax(x, -1)),
         "cross_entropy": ((logits, target), (0,), lambda m: lambda x, t: m.cross_entropy(x, t)),
         "silu_mul": ((x, t(8, 64)), (0, 1), None),
+        "bias_gelu": ((x, b), (0, 1), None),
         "linear": ((x, t(64, 64), b), (0, 1, 2), lambda m: lambda x, w, b: m.linear(x, w, b)),
         "linear_cross_entropy": ((x, head, target), (0, 1), None),
     }
     eager_only = {
         "silu_mul": lambda g, u: F.silu(g) * u,
+        "bias_gelu": lambda x, b: F.gelu(x + b),
         "linear_cross_entropy": lambda h, w, t: F.cross_entropy(F.linear(h, w).float(), t),
     }
-    kernelab_only = {"silu_mul": K.silu_mul, "linear_cross_entropy": K.linear_cross_entropy}
+    kernelab_only = {"silu_mul": K.silu_mul, "bias_gelu": K.bias_gelu, "linear_cross_entropy": K.linear_cross_entropy}
     out = {}
     for op in ops:
         inputs, grad_of, of = table[op]

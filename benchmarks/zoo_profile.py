@@ -145,19 +145,22 @@ def _area(filename: str, function: str) -> str:
 def _host_profile(step, top: int, out: Path | None = None, steps: int = 5) -> list[str]:
     """cProfile of ``steps`` steps' host side: the time per step by area of the stack, then the
     Python functions that took the most time of their own. Saves the raw profile under ``out``.
-    cProfile sees the calling thread only: the forward, and the backward's call waiting for
-    autograd's CUDA thread, which runs (and launches) the compiled backward unprofiled."""
+    cProfile sees the calling thread only, so the backward runs on it too
+    (``torch.autograd.set_multithreading_enabled(False)``: no hand-over to autograd's CUDA thread,
+    whose cost the profile then misses); one step so run first, unprofiled."""
     import cProfile
     import io
     import pstats
 
-    torch.cuda.synchronize()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(steps):
+    with torch.autograd.set_multithreading_enabled(False):
         step()
-    prof.disable()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(steps):
+            step()
+        prof.disable()
+        torch.cuda.synchronize()
     stats = pstats.Stats(prof)
     if out is not None:
         stats.dump_stats(str(out))
@@ -166,7 +169,7 @@ def _host_profile(step, top: int, out: Path | None = None, steps: int = 5) -> li
         area = _area(filename, function)
         areas[area] = areas.get(area, 0.0) + tottime
     total = sum(areas.values())
-    lines = [f"  host profile (cProfile, {steps} steps, this thread only: not the backward's; its own overhead included): "
+    lines = [f"  host profile (cProfile, {steps} steps, forward and backward on this thread; its own overhead included): "
              f"{1e3 * total / steps:.2f} ms a step"]
     for area, seconds in sorted(areas.items(), key=lambda kv: -kv[1]):
         lines.append(f"    {1e3 * seconds / steps:7.2f} ms {100 * seconds / max(total, 1e-12):5.1f}%  {area}")
@@ -232,7 +235,8 @@ def main() -> None:
     parser.add_argument("--modes", default="inductor,kernelab")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--memory", action="store_true", help="list the allocations live at the step's peak")
-    parser.add_argument("--cprofile", action="store_true", help="the host's Python functions by own time, one step")
+    parser.add_argument("--cprofile", action="store_true",
+                        help="the host's Python functions by own time (forward and backward on one thread), 5 steps")
     parser.add_argument("--loss-fn", action="store_true",
                         help="compile the loss function as models.py does (logits not returned), not the model")
     args = parser.parse_args()

@@ -108,6 +108,30 @@ def wins_table(rows: list[Row], console=None):
     return t
 
 
+def markdown_table(rows: list[Row]) -> str:
+    """The README's grid table: per op, kernelab's TB/s by GPU time alone (graph_ms; do_bench's
+    where no graph was timed) and its speed-up over the fastest peer by GPU time and by do_bench,
+    forward and forward+backward, with how many shapes are >= 1.0x."""
+    def span(xs: list[float]) -> str:
+        return f"{min(xs):.2f}-{max(xs):.2f}" if xs else "-"
+
+    def wins(ratios: dict, op: str, pass_: str) -> str:
+        xs = [x for (o, _, p), x in ratios.items() if o == op and p == pass_]
+        return f"{span(xs)} ({sum(x >= 1.0 for x in xs)}/{len(xs)})" if xs else "-"
+
+    gpu, issued = best_peer_ratios(rows, "graph_ms"), best_peer_ratios(rows, "ms")
+    lines = ["| op | fwd TB/s (GPU only) | fwd x best: GPU only / do_bench | fwd+bwd TB/s (GPU only) "
+             "| fwd+bwd x best: GPU only / do_bench |", "| --- | --- | --- | --- | --- |"]
+    for op in sorted({r.op for r in rows if r.provider == "kernelab"}):
+        cells = [op]
+        for pass_ in ("fwd", "fwd+bwd"):
+            mine = [r for r in rows if r.op == op and r.pass_ == pass_ and r.provider == "kernelab" and r.status == "ok"]
+            tbps = [r.bytes / (r.graph_ms * 1e-3) / 1e12 if r.graph_ms else r.tbps for r in mine]
+            cells += [span([t for t in tbps if t]), f"{wins(gpu, op, pass_)} / {wins(issued, op, pass_)}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(rows: list[Row], out_dir: str | os.PathLike) -> list[Path]:
     """One PNG per op: TB/s against row length, a panel per pass, the copy ceiling dashed."""
     import matplotlib
@@ -173,12 +197,14 @@ def load_csv(path: str | os.PathLike) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kernelab.bench.report OPS_BENCH_CSV OUT_DIR``: redraw the plots and print the table."""
+    """``python -m kernelab.bench.report OPS_BENCH_CSV OUT_DIR [--markdown]``: redraw the plots and
+    print the table (and the README's markdown table)."""
     import argparse
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("csv", type=Path)
     p.add_argument("out", type=Path)
+    p.add_argument("--markdown", action="store_true", help="also print the README's markdown table")
     args = p.parse_args(argv)
     if not args.csv.is_file():
         p.error(f"{args.csv}: no such file")
@@ -189,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in plot(rows, args.out):
         print(path)
     table(rows)
+    if args.markdown:
+        print(markdown_table(rows))
     return 0
 
 

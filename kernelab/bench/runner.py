@@ -125,7 +125,8 @@ def _reference(spec: S.Spec, inputs, case: Case, device: torch.device, gen) -> t
     """The float64 outputs (and input gradients, for a backward case) of one case, and the output
     gradient every provider is given. Computed on the GPU; where float64 does not fit there (a
     151936-word vocabulary's log-softmax and its gradient at 4096 rows hold ~20 GB of float64 on an
-    80 GB card beside the providers' caches), on the CPU, and the results moved back."""
+    80 GB card beside the providers' caches), on the CPU, where the results stay
+    (``timing.compare`` brings the providers' outputs to them chunk by chunk)."""
     grad_out = None
     for where in ((device, torch.device("cpu")) if device.type == "cuda" else (device,)):
         try:
@@ -139,7 +140,7 @@ def _reference(spec: S.Spec, inputs, case: Case, device: torch.device, gen) -> t
             ref = [ref_out]
             if case.backward:
                 ref += list(torch.autograd.grad(ref_out, [ref_args[i] for i in inputs.grad_of], grad_out.to(where, torch.float64)))
-            return [r.to(device) for r in ref], grad_out
+            return ref, grad_out
         except torch.cuda.OutOfMemoryError:
             ref_args = ref_out = ref = None
             _release_memory()

@@ -36,6 +36,25 @@ def test_row_view_passes_contiguous_tensors_as_they_are():
     assert rows.stride() == (64, 1) and stride == 64 and torch.equal(rows, transposed)
 
 
+BROADCASTS = [((), ()), ((3,), ()), ((2, 3, 768), (768,)), ((4, 1, 5), (3, 1)), ((1,), (7, 1, 0)),
+              ((0, 4), (1, 4)), ((2, 3), (3, 2)), ((5,), (4,)), ((2, 1, 3), (2, 4, 1, 1))]
+
+
+@pytest.mark.parametrize("a,b", BROADCASTS, ids=str)
+def test_broadcast_shape_is_torchs(a, b):
+    """The cached broadcast (torch's goes through its symbolic reference, ~30 us a call) gives
+    torch's shape, or torch's own error where the shapes do not broadcast."""
+    a, b = torch.Size(a), torch.Size(b)
+    try:
+        want = torch.broadcast_shapes(a, b)
+    except RuntimeError as exc:
+        with pytest.raises(RuntimeError, match=str(exc).split(".")[0][:40]):
+            _common.broadcast_shape(a, b)
+        return
+    got = _common.broadcast_shape(a, b)
+    assert got == want and type(got) is torch.Size
+
+
 def test_traced_sees_subclasses_only():
     x = torch.randn(4)
     assert not _common.traced(x, torch.nn.Parameter(x), None, 3, 1.5, "mean", [1, 2], True)
