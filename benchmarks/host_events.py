@@ -9,8 +9,9 @@ runs a CUDA backward included).
         [--providers kernelab,eager,liger] [--modes inductor,kernelab] [--top 14] [--loss-fn]
 
 Targets: ``OP:ROWSxWIDTH:fwd|fwd+bwd`` (a ``kernelab.bench`` op case, bf16, with its providers),
-``MODEL:train|infer`` (a zoo model at bench size, compiled by each mode; an inference call's output
-layout is printed), or ``mm:MxKxN`` (one bf16 product called the ways a runner may call it). Per target and provider:
+``MODEL:train|infer`` (a zoo model at bench size, compiled by each mode: eager, inductor, kernelab,
+kernelab-nofast (the runners not specialized: ``KERNELAB_FAST_RUNNER=0``); an inference call's
+output layout is printed), or ``mm:MxKxN`` (one bf16 product called the ways a runner may call it). Per target and provider:
 
 * ``back-to-back``: CUDA-event time per call over 10 calls issued without waiting (what a training
   loop sees: the larger of the GPU's and the host's time per call), median of ``--rounds`` rounds in
@@ -85,7 +86,7 @@ def _model_calls(target: str, modes: list[str], loss_fn: bool) -> dict:
     for mode in modes:
         torch._dynamo.reset()
         fn = (lambda inp: zm.loss(model, inp) if kind == "train" else zm.forward(model, inp)) if loss_fn else model
-        compiled = fn if mode == "eager" else torch.compile(fn, backend="kernelab" if mode == "kernelab" else "inductor")
+        compiled = fn if mode == "eager" else torch.compile(fn, backend=_backend(mode))
 
         def call(compiled=compiled):
             if kind == "train":
@@ -94,8 +95,37 @@ def _model_calls(target: str, modes: list[str], loss_fn: bool) -> dict:
             else:
                 with torch.no_grad():
                     return compiled(inputs) if loss_fn else zm.forward(compiled, inputs)
-        calls[mode] = call
+        calls[mode] = _first_call_without_fast_runner(call) if mode == "kernelab-nofast" else call
     return calls
+
+
+def _backend(mode: str):
+    """torch.compile's backend for ``mode``; kernelab-nofast gets a backend object of its own, so
+    that dynamo compiles it apart from kernelab's (its cache tells backends apart by identity)."""
+    from kernelab.compiler.backend import kernelab_backend
+
+    if mode == "kernelab-nofast":
+        return lambda gm, example_inputs: kernelab_backend(gm, example_inputs)
+    return "inductor" if mode == "inductor" else "kernelab"
+
+
+def _first_call_without_fast_runner(call):
+    """``call`` whose first run (which compiles, and specializes the runners of the graphs it
+    runs) has KERNELAB_FAST_RUNNER=0: kernelab as it launched before the specialized runner."""
+    import os
+
+    first = [True]
+
+    def wrapped():
+        if not first[0]:
+            return call()
+        os.environ["KERNELAB_FAST_RUNNER"] = "0"
+        try:
+            return call()
+        finally:
+            del os.environ["KERNELAB_FAST_RUNNER"]
+            first[0] = False
+    return wrapped
 
 
 def _back_to_back_ms(call, n: int = 30) -> float:

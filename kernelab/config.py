@@ -11,6 +11,7 @@ before the call that reads it. Triton's own ``TRITON_INTERPRET`` is Triton's: se
 | KERNELAB_CUDAGRAPHS | 0 | 1: compiled graphs replayed as CUDA graphs, as ``mode="reduce-overhead"`` |
 | KERNELAB_DIRECT_LAUNCH | 1 | 0: every launch through ``kernel[grid](...)`` instead of a bound launcher |
 | KERNELAB_STATIC_LAUNCH | 1 | 0: bind Triton's own launcher instead of torch's precompiled one |
+| KERNELAB_FAST_RUNNER | 1 | 0: compiled graphs keep launching every group through ``run_values`` (no runner specialized after the first call) |
 | KERNELAB_DIRECT_CALL | 1 | 0: keep aot_autograd's runtime wrapper around inference graphs needing none |
 | KERNELAB_PERSISTENT_MAX | 8192 | longest row a compiled row reduction keeps in registers on a GPU |
 | KERNELAB_PAD | 1 | 0: no padded rows around the compiler's matrix products |
@@ -25,7 +26,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["debug_level", "strict", "cudagraphs", "direct_launch", "static_launch", "direct_call",
+__all__ = ["debug_level", "strict", "cudagraphs", "direct_launch", "fast_runner", "static_launch", "direct_call",
            "persistent_max", "pad", "teams", "gemm_tune", "batch_norm_backward", "batch_norm_forward",
            "cache_root"]
 
@@ -55,6 +56,12 @@ def cudagraphs() -> bool:
 def direct_launch() -> bool:
     """Direct launches (a bound launcher per cached call); KERNELAB_DIRECT_LAUNCH=0 turns them off."""
     return _flag("KERNELAB_DIRECT_LAUNCH", "1") != "0"
+
+
+def fast_runner() -> bool:
+    """A compiled graph's runner specialized after its first call (each group's one bound launch
+    written into the runner); KERNELAB_FAST_RUNNER=0 turns it off."""
+    return _flag("KERNELAB_FAST_RUNNER", "1") != "0"
 
 
 def _aten_or_generated(name: str, value: str) -> str:

@@ -116,6 +116,12 @@ def _runtime_knobs():
     return knobs.runtime
 
 
+def hooks_set() -> bool:
+    """Triton's launch hooks are installed (a profiler): launches must take Triton's own path."""
+    runtime = _runtime_knobs()
+    return hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook)
+
+
 def _cuda_index(args) -> int | None:
     """The CUDA device of the launch's first tensor argument; None when it is not on CUDA (then
     Triton's path decides)."""

@@ -29,7 +29,7 @@ from .eventlog import record_fallback, record_launch, record_reuse
 from .kcache import cache_dir, kernel_module
 from .tiling import DEFAULT as DEFAULT_TILING, Tiling
 
-__all__ = ["SymbolValues", "GroupRunner", "Launch", "Call", "run_reference", "call_node", "lookup", "interpreted",
+__all__ = ["SymbolValues", "GroupRunner", "Launch", "Call", "FastLaunch", "run_reference", "call_node", "lookup", "interpreted",
            "persistent_max", "PERSISTENT_MAX", "INT32_MAX", "pow2", "sm_count", "bound_launch"]
 
 
@@ -283,6 +283,31 @@ def bound_launch(call: Call, varying, launcher) -> _DirectLaunch:
                          knobs, launcher)
 
 
+@dataclass(frozen=True)
+class FastLaunch:
+    """A group's one bound call, as a specialized runner line launches it (``runtime.py``): the
+    outputs to allocate, the launcher, the arguments after the tensors, and which inputs the binary
+    assumed 16-byte aligned. Everything ``run_values`` looks up per call (the shape key, the
+    cached call, the output specs, the launch hooks, the stream, the binary's specialization key)
+    is settled here once; the line checks only what can still differ in a graph of fixed shapes:
+    those inputs' alignment (the graph's inputs are guarded once per call by the runner)."""
+
+    outs: tuple  # (size, stride, dtype) per output
+    empty: object  # the call's allocator
+    launcher: object  # anything with launch(grid, stream, args): torch's StaticLauncher on a GPU
+    grid: tuple  # three dims
+    tail: tuple  # the arguments after the inputs, outputs and scratch
+    aligned: tuple  # indices of the inputs the binary was specialized on as 16-byte aligned
+    device_index: int
+    stream_of: object  # device index -> the current stream's handle
+    #: outputs that may take an input's memory (``GroupRunner.reuse``): inputs -> every output,
+    #: decided per call; None: every output newly allocated
+    allocate: object = None
+    narrow: tuple = ()  # (output index, columns): padded outputs viewed to their columns
+    zeroed: tuple = ()  # output indices zeroed before the launch
+    scratch: object = None  # a column reduction's () -> (workspace, counters); None: no scratch
+
+
 # ---------------------------------------------------------------------------------------------
 # one group
 
@@ -375,6 +400,24 @@ class GroupRunner:
                 self.refuse(exc)
                 return self._stored(self.reference(raw, scalars), into)
         return self._stored(outs, into) if into else outs
+
+    def fast_launch(self) -> "FastLaunch | None":
+        """The group's call as a :class:`FastLaunch`, where the runner may launch it without
+        ``run_values``: one cached call only (one shape and layout ever seen), compiled, launched
+        and bound to a launcher (torch's, or a test's), no outputs stored into graph inputs, no
+        input moved between devices, no symbolic scalars. None otherwise (the runner keeps
+        ``run_values`` for it)."""
+        if len(self.calls) != 1 or self.into or self.group.scalars:
+            return None
+        call = next(iter(self.calls.values()))
+        direct = getattr(call, "direct", None)
+        if call is None or not call.launched or direct is None or direct.static is None or call.move:
+            return None
+        aligned = tuple(i for i, ok in enumerate(direct.key[:len(self.loads)]) if ok is True)
+        allocate = functools.partial(self._outputs_over_inputs, call) if call.reuse else None
+        return FastLaunch(tuple(call.outs), call.empty, direct.static, direct.grid, tuple(call.tail), aligned,
+                          direct.device_index, direct.stream_of, allocate, tuple(call.narrow), tuple(call.zeroed),
+                          call.scratch if call.col_blocks else None)
 
     def reusable(self, inputs: set) -> list:
         """(output index, load index) pairs of ``self.reuse``: an output may be stored over one of

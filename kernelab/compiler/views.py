@@ -11,7 +11,8 @@ import torch.fx as fx
 
 from . import fusion
 
-__all__ = ["ViewChain", "view_chains", "tracked_view", "UNTRACKED_VIEW", "nodes_in", "static_arg", "aliases_its_input"]
+__all__ = ["ViewChain", "view_chains", "tracked_view", "UNTRACKED_VIEW", "alias", "nodes_in", "static_arg",
+           "aliases_its_input"]
 
 
 #: ATen views with one output and static arguments: a chain of them is one aliasing of its root.
@@ -53,6 +54,14 @@ def _untracked_view(root, size, stride, offset):
 UNTRACKED_VIEW = _untracked_view if _REINTERPRET is not None else tracked_view
 
 
+def alias(root, size, stride, delta):
+    """An untracked alias of ``root``'s storage at ``delta`` elements past ``root``'s own offset
+    (what a specialized runner replays a recorded chain as: ``ViewChain.recorded``)."""
+    if _REINTERPRET is not None:
+        return _REINTERPRET(root, size, stride, delta)
+    return root.as_strided(size, stride, root.storage_offset() + delta)
+
+
 class ViewChain:
     """Views applied one after another to a root value, replayed as one aliasing of the root.
 
@@ -81,6 +90,14 @@ class ViewChain:
         if out.untyped_storage().data_ptr() == root.untyped_storage().data_ptr():
             self.key, self.size, self.stride, self.offset = key, out.shape, out.stride(), out.storage_offset()
         return out
+
+    def recorded(self):
+        """(size, stride, offset past the root's own, tracked) of the alias the last call replayed
+        or recorded, or None where none was recorded (the chain copied: a reshape). In a graph of
+        fixed shapes the root is laid out alike on every call, so the alias is too."""
+        if self.key is None:
+            return None
+        return self.size, self.stride, self.offset - self.key[2], self.make is tracked_view
 
     def _step(self, target, value, args):
         """One view; a ``view`` the value's layout cannot take (a kernel's output laid out other

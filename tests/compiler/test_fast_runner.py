@@ -1,0 +1,204 @@
+"""The runner specialized after a graph's first call (``GraphRunner._specialize``): each group's one
+bound launch and each recorded view chain written into the runner, under a check of the inputs'
+layouts and the launch hooks (else the first runner runs the call) and of each launch's input
+alignment (else that group takes ``run_values``).
+
+On a GPU the launches are bound to torch's precompiled launcher. Here every group's first launch is
+bound to a launcher that runs the kernel in Triton's interpreter (``_Interpreting``), so that the
+specialized lines really compute: values are checked against eager over several steps, and against
+the first runner where a check sends the call there.
+"""
+import pytest
+import torch
+import torch.nn as nn
+
+from kernelab.compiler import group_runner, runtime
+
+
+class _Interpreting:
+    """A bound launcher (``launch(grid, stream, args)``) that runs the call's kernel in the
+    interpreter with the arguments the specialized line passes: every launch counted."""
+
+    def __init__(self, call):
+        self.call, self.launches = call, 0
+
+    def launch(self, grid, stream, args):
+        self.launches += 1
+        self.call.kernel[self.call.grid](*args, **self.call.meta)
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The GraphRunners this test builds, in order."""
+    made = []
+    original = runtime.GraphRunner.__post_init__
+
+    def post_init(self):
+        original(self)
+        made.append(self)
+
+    monkeypatch.setattr(runtime.GraphRunner, "__post_init__", post_init)
+    return made
+
+
+@pytest.fixture
+def bound(monkeypatch):
+    """Every group's first launch runs as usual, then binds an interpreting launcher; yields the
+    launchers made."""
+    made = []
+
+    def first_launch(self, call, args, varying):
+        call.kernel[call.grid](*args, **call.meta)
+        launcher = _Interpreting(call)
+        made.append(launcher)
+        return group_runner.bound_launch(call, varying, launcher)
+
+    monkeypatch.setattr(group_runner.GroupRunner, "first_launch", first_launch)
+    return made
+
+
+class _Block(nn.Module):
+    """A transformer-ish block: norm, product, GELU, residual, a column sum in the backward."""
+
+    def __init__(self, width=48):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        h = self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+        return (x + h).softmax(-1).sum(dim=1)
+
+
+def _step(model, x):
+    model.zero_grad(set_to_none=True)
+    out = model(x)
+    out.square().mean().backward()
+    return out.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+def test_training_steps_run_the_specialized_lines_and_match_eager(bound, built):
+    torch.manual_seed(0)
+    model = _Block()
+    compiled = torch.compile(model, backend="kernelab")
+    x = torch.randn(3, 5, 48)
+    want_out, want_grads = _step(model, x)
+    for step in range(3):
+        out, grads = _step(compiled, x)
+        torch.testing.assert_close(out, want_out, rtol=2e-5, atol=2e-6)
+        for g, w in zip(grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-6)
+    runners = [r for r in built if r.group_runners]
+    assert runners and all(r.fast is not None for r in runners), "no runner specialized"
+    assert sum(r.fast_groups for r in runners) == sum(len(r.group_runners) for r in runners)
+    # after the first step every launch went through the specialized lines: the interpreting
+    # launchers counted the two later steps' launches (the first step launched them itself)
+    assert bound and all(launcher.launches == 2 for launcher in bound)
+
+
+def test_other_input_layouts_take_the_first_runner(bound, built):
+    """A call whose inputs are laid out otherwise than the first call's (here called directly,
+    as dynamo would after a recompile) runs the first runner: the values are right either way."""
+    torch.manual_seed(0)
+    compiled = torch.compile(lambda a, b: (a * b + 1).relu().sum(0), backend="kernelab")
+    a, b = torch.randn(6, 40), torch.randn(6, 40)
+    torch.testing.assert_close(compiled(a, b), (a * b + 1).relu().sum(0))
+    runner = next(iter([r for r in built if r.group_runners]))
+    assert runner.fast is not None
+    torch.testing.assert_close(runner([a, b])[0], (a * b + 1).relu().sum(0))
+    launches = sum(launcher.launches for launcher in bound)
+    wide = torch.randn(40, 6).t()  # the same shape, another stride
+    got = runner([wide, b])[0]
+    torch.testing.assert_close(got, (wide * b + 1).relu().sum(0))
+    assert sum(launcher.launches for launcher in bound) == launches  # not the bound launches
+
+
+def test_a_misaligned_input_takes_run_values(bound, built):
+    """A launch whose binary assumed a 16-byte aligned input gets a misaligned one (a view one
+    element in): that group runs ``run_values``, which finds the cached call's key unmatched and
+    launches the ordinary way; values right."""
+    compiled = torch.compile(lambda a: (a * 2).exp(), backend="kernelab")
+    a = torch.randn(64)
+    torch.testing.assert_close(compiled(a), (a * 2).exp())
+    runner = next(iter([r for r in built if r.group_runners]))
+    assert runner.fast is not None and "data_ptr() % 16 == 0" in runner.fast_source
+    base = torch.randn(65)
+    shifted = base[1:]  # same shape and stride, 4 bytes in
+    launches = sum(launcher.launches for launcher in bound)
+    torch.testing.assert_close(runner([shifted])[0], (shifted * 2).exp())
+    assert sum(launcher.launches for launcher in bound) == launches
+
+
+def test_a_launch_hook_takes_the_first_runner(bound, built, monkeypatch):
+    compiled = torch.compile(lambda a: a.sin() + 1, backend="kernelab")
+    a = torch.randn(32)
+    compiled(a)
+    runner = next(iter([r for r in built if r.group_runners]))
+    assert runner.fast is not None
+    from triton import knobs
+
+    calls = []
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *args: calls.append(args))
+    launches = sum(launcher.launches for launcher in bound)
+    torch.testing.assert_close(runner([a])[0], a.sin() + 1)
+    assert sum(launcher.launches for launcher in bound) == launches
+
+
+def test_without_bound_launches_or_switched_off_nothing_is_specialized(bound, built, monkeypatch):
+    monkeypatch.setenv("KERNELAB_FAST_RUNNER", "0")
+    compiled = torch.compile(lambda a: a.cos() * 3, backend="kernelab")
+    a = torch.randn(16)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(a), a.cos() * 3)
+    assert next(iter([r for r in built if r.group_runners])).fast is None
+
+
+def test_the_interpreter_binds_nothing_so_nothing_is_specialized(built):
+    compiled = torch.compile(lambda a: a.cos() * 3, backend="kernelab")
+    a = torch.randn(16)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(a), a.cos() * 3)
+    assert next(iter([r for r in built if r.group_runners])).fast is None
+
+
+def test_symbolic_shapes_are_not_specialized(bound, built):
+    compiled = torch.compile(lambda a: (a * 2).relu(), backend="kernelab", dynamic=True)
+    for n in (8, 12, 8):
+        a = torch.randn(n)
+        torch.testing.assert_close(compiled(a), (a * 2).relu())
+    assert all(r.fast is None for r in [r for r in built if r.group_runners])
+
+
+def test_padded_rows_around_products_through_the_specialized_lines(bound, built):
+    """A kernel output with long unaligned rows that a product reads is allocated padded and
+    viewed to its columns (``narrow``): the specialized line does the same."""
+    torch.manual_seed(0)
+    f = torch.compile(lambda x, w, v: ((x @ w).relu() * 2) @ v, backend="kernelab")
+    x, w, v = torch.randn(8, 32), torch.randn(32, 1031), torch.randn(1031, 16)
+    for _ in range(3):
+        torch.testing.assert_close(f(x, w, v), ((x @ w).relu() * 2) @ v, rtol=1e-4, atol=1e-4)
+    runner = next(r for r in built if r.group_runners)
+    assert runner.fast is not None and "[..., :1031]" in runner.fast_source
+
+
+@pytest.mark.parametrize("name", ["gpt2", "vit"])
+def test_zoo_training_steps_through_the_specialized_lines(bound, built, name):
+    from kernelab.zoo import ZOO
+
+    zm = ZOO[name]
+    model, inputs = zm.build("tiny")
+    want = zm.loss(model, inputs)
+    want.backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    compiled = torch.compile(model, backend="kernelab")
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        loss = zm.loss(compiled, inputs)
+        loss.backward()
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+        for n, g in want_grads.items():
+            got = dict(model.named_parameters())[n].grad
+            err = (got - g).norm() / (g.norm() + 1e-3 * g.abs().max() + 1e-12)
+            assert err < 1e-4, f"{n}: {err:.2e}"
+    assert any(r.fast_groups for r in built) and bound and all(launcher.launches >= 1 for launcher in bound)

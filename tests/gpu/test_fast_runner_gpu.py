@@ -1,0 +1,70 @@
+"""The runner specialized after a graph's first call (``GraphRunner._specialize``) on a CUDA GPU,
+where every group's launch is bound to torch's precompiled launcher: zoo models' training steps
+(float32, tiny configs) against eager over several steps, every runner specialized, and a second
+input layout sent to the first runner.
+
+Run on a GPU machine WITHOUT TRITON_INTERPRET: ``python -m pytest tests/gpu -q``."""
+import pytest
+import torch
+
+from kernelab.compiler import runtime
+from kernelab.compiler.group_runner import interpreted
+
+pytestmark = pytest.mark.skipif(interpreted() or not torch.cuda.is_available(),
+                                reason="launches bound to torch's launcher on a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    monkeypatch.setenv("KERNELAB_STRICT", "1")
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def built(monkeypatch):
+    made = []
+    original = runtime.GraphRunner.__post_init__
+
+    def post_init(self):
+        original(self)
+        made.append(self)
+
+    monkeypatch.setattr(runtime.GraphRunner, "__post_init__", post_init)
+    return made
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "vit", "llama"])
+def test_zoo_training_steps_on_the_specialized_runner(built, name):
+    from kernelab.zoo import ZOO
+
+    zm = ZOO[name]
+    model, inputs = zm.build("tiny", device="cuda")
+    want = zm.loss(model, inputs)
+    want.backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    compiled = torch.compile(model, backend="kernelab")
+    for _ in range(4):
+        model.zero_grad(set_to_none=True)
+        loss = zm.loss(compiled, inputs)
+        loss.backward()
+        torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-5)
+        for n, g in want_grads.items():
+            got = dict(model.named_parameters())[n].grad
+            err = float((got - g).norm() / (g.norm() + 1e-3 * g.abs().max() + 1e-12))
+            assert err < 1e-3, f"{n}: {err:.2e}"
+    runners = [r for r in built if r.group_runners]
+    assert runners and all(r.fast is not None for r in runners), [r.fast_groups for r in runners]
+    assert sum(r.fast_groups for r in runners) >= 0.8 * sum(len(r.group_runners) for r in runners)
+
+
+def test_another_layout_and_a_misaligned_input(built):
+    f = torch.compile(lambda a, b: ((a * b).exp() + 1).sum(0), backend="kernelab")
+    a, b = torch.randn(64, 96, device="cuda"), torch.randn(64, 96, device="cuda")
+    for _ in range(2):
+        torch.testing.assert_close(f(a, b), ((a * b).exp() + 1).sum(0))
+    runner = next(r for r in built if r.group_runners)
+    assert runner.fast is not None
+    other = torch.randn(96, 64, device="cuda").t()
+    torch.testing.assert_close(runner([other, b])[0], ((other * b).exp() + 1).sum(0))
+    shifted = torch.randn(64 * 96 + 1, device="cuda")[1:].view(64, 96)
+    torch.testing.assert_close(runner([shifted, b])[0], ((shifted * b).exp() + 1).sum(0))
