@@ -285,7 +285,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
         later = _partitioned_graph_decompositions()
         if later is not None:
             rewrites.batch_norm_forwards_decomposed(gm, later)
-        part = graph.partition(gm, visible_outputs)
+        part = graph.partition(gm)
         runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs), visible_outputs, tiling,
                                            donated)
     except Exception as exc:  # a compiler bug must not break the user's program: ATen runs it

@@ -77,12 +77,10 @@ class Partition:
     into: dict = field(default_factory=dict)
 
 
-def partition(gm: fx.GraphModule, visible_outputs: int | None = None) -> Partition:
-    """``visible_outputs``: how many leading outputs the caller sees (the rest are saved for the
-    backward graph); None: all of them."""
+def partition(gm: fx.GraphModule) -> Partition:
     rewrites.rewrite(gm)
     if layout.enabled():
-        layout.copies_as_kernels(gm, visible_outputs)
+        layout.copies_as_kernels(gm)
     private_column_prologues(gm)
     state = _State(gm)
     for node in gm.graph.nodes:

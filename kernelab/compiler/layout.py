@@ -14,11 +14,14 @@ not a multiple of 16 bytes is laid out with its row stride rounded up to 16 byte
 * a generated kernel computes it and a matrix product reads it, directly or through views
   (cross-entropy's gradient of the logits, read by the LM head's two backward products).
 
-The padding columns are never written nor read. Values are laid out as the traced graph says
-wherever the layout can be seen: a value the graph returns (to the caller, or saved for the
-backward graph, which was traced with the unpadded layout) is copied back into that layout, and a
-value is not padded when a view of it would not exist on the padded layout (flattening the rows
-into one dim) or when an op reads its storage by explicit strides (``as_strided``).
+The padding columns are never written nor read. A product the graph returns is returned padded,
+a view of the padded buffer, as Inductor returns GPT-2's logits (row stride 50264; measured on an
+H100, ``results/host_events_fast_runner_stop32_h100.txt``): the caller gets the values, in rows
+16-byte apart, without a copy of the (tokens, vocabulary) matrix. Saved for the backward, a padded
+value stays padded too (the backward's kernels take strides per call). Other padded values the
+caller sees are copied back into the traced layout (``traced_layout``). A value is not padded when
+a view of it would not exist on the padded layout (flattening the rows into one dim) or when an op
+reads its storage by explicit strides (``as_strided``).
 """
 from __future__ import annotations
 
@@ -137,7 +140,12 @@ def plan(gm: fx.GraphModule, part, returned: set) -> Padding:
             source = _padded_source(node.args[0], rows)
             if source is not None:
                 widen[node] = rows[source]
-    return Padding(rows, {n for n in returned if _reaches(n, rows)}, widen, copies)
+    # a returned product (or view of one) keeps its padded rows, as Inductor returns them: the
+    # caller sees its values through a view whose rows are the padded stride apart (GPT-2's logits
+    # come back from Inductor with a row stride of 50264); other padded values go back into the
+    # traced layout
+    restore = {n for n in returned if _reaches(n, rows) and fusion.target_name(_padded_source(n, rows)) not in MATMULS}
+    return Padding(rows, restore, widen, copies)
 
 
 def visible(output: fx.Node, visible_outputs: int | None) -> set:
@@ -155,20 +163,15 @@ def visible(output: fx.Node, visible_outputs: int | None) -> set:
     return set(found)
 
 
-def copies_as_kernels(gm: fx.GraphModule, visible_outputs: int | None = None) -> int:
-    """Before partitioning: the two copies padding needs, as ``clone`` nodes that a generated kernel
-    computes (ATen's strided copy of unaligned rows ran at about 1.6 TB/s on the H200: two of them
-    1.9 ms of GPT-2's training step, ``results/zoo_profile_gpt2_llama_train_memory_h200.txt``):
-
-    * an input with long unaligned rows that a product reads (the gradient of the logits that the
-      loss's graph computed) is cloned for the products: the clone is written padded (a generated
-      kernel's value a product reads), instead of ``padded_copy`` at the graph's start;
-    * a returned product (or a view of one) that will be padded and that the caller sees
-      (``visible``) is returned as a clone: the product writes padded rows, the clone the traced
-      layout, instead of ``traced_layout`` at the end.
-
-    Where the plan then pads nothing (a view the padded layout cannot express), the clone is one
-    copy; the runtime copies remain for anything these miss. Returns how many clones were made."""
+def copies_as_kernels(gm: fx.GraphModule) -> int:
+    """Before partitioning: an input with long unaligned rows that a product reads (the gradient of
+    the logits that the loss's graph computed) is cloned for the products, as a ``clone`` node that
+    a generated kernel computes: the clone is written padded (a generated kernel's value a product
+    reads), instead of ``padded_copy`` at the graph's start (ATen's strided copy of unaligned rows
+    ran at about 1.6 TB/s on the H200: 1.9 ms of GPT-2's training step with its copy back,
+    ``results/zoo_profile_gpt2_llama_train_memory_h200.txt``). A returned product needs no copy:
+    it is returned padded (``plan``). Where the plan then pads nothing (a view the padded layout
+    cannot express), the clone is one copy. Returns how many clones were made."""
     count = 0
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node in placeholders:
@@ -180,28 +183,9 @@ def copies_as_kernels(gm: fx.GraphModule, visible_outputs: int | None = None) ->
         if clone is not None:
             node.replace_all_uses_with(clone, delete_user_cb=lambda u: u is not clone)
             count += 1
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    returned = {a for a in visible(output, visible_outputs) if _returns_padded_product(a)}
-    for node in returned:
-        with gm.graph.inserting_before(output):
-            clone = _clone(gm, node)
-        if clone is not None:
-            output.replace_input_with(node, clone)
-            count += 1
     if count:
         gm.recompile()
     return count
-
-
-def _returns_padded_product(node: fx.Node) -> bool:
-    """``node`` is a product the plan will pad (an ATen mm with long unaligned rows whose views all
-    exist on the padded layout), or a view chain of one."""
-    while fusion.target_name(node) in _VIEWS and node.args and isinstance(node.args[0], fx.Node):
-        node = node.args[0]
-    if fusion.target_name(node) not in MATMULS:
-        return False
-    stride = _candidate(node)
-    return stride is not None and _views_hold(node, stride)
 
 
 def _clone(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from kernelab.compiler import group_runner, runtime
+from tests.compiler.conftest import REL, gradients_off, rel_norm
 
 
 class _Interpreting:
@@ -182,7 +183,7 @@ def test_padded_rows_around_products_through_the_specialized_lines(bound, built)
     assert runner.fast is not None and "[..., :1031]" in runner.fast_source
 
 
-@pytest.mark.parametrize("name", ["gpt2", "vit"])
+@pytest.mark.parametrize("name", ["gpt2", "vit", "bert", "llama", "t5"])
 def test_zoo_training_steps_through_the_specialized_lines(bound, built, name):
     from kernelab.zoo import ZOO
 
@@ -196,9 +197,9 @@ def test_zoo_training_steps_through_the_specialized_lines(bound, built, name):
         model.zero_grad(set_to_none=True)
         loss = zm.loss(compiled, inputs)
         loss.backward()
-        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
-        for n, g in want_grads.items():
-            got = dict(model.named_parameters())[n].grad
-            err = (got - g).norm() / (g.norm() + 1e-3 * g.abs().max() + 1e-12)
-            assert err < 1e-4, f"{n}: {err:.2e}"
+        assert rel_norm(loss, want) < REL
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert grads.keys() == want_grads.keys()
+        bad = gradients_off(grads, want_grads)  # key biases' zero gradients: absolute slack
+        assert not bad, bad
     assert any(r.fast_groups for r in built) and bound and all(launcher.launches >= 1 for launcher in bound)

@@ -48,10 +48,13 @@ def test_zoo_training_steps_on_the_specialized_runner(built, name):
         loss = zm.loss(compiled, inputs)
         loss.backward()
         torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-5)
-        for n, g in want_grads.items():
-            got = dict(model.named_parameters())[n].grad
-            err = float((got - g).norm() / (g.norm() + 1e-3 * g.abs().max() + 1e-12))
-            assert err < 1e-3, f"{n}: {err:.2e}"
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        # relative error per gradient past a slack relative to the largest gradient (gradients
+        # zero in exact arithmetic, like attention key biases, are rounding noise in both runs)
+        scale = max(float(g.norm()) for g in want_grads.values())
+        bad = {n: float((grads[n] - g).norm() / g.norm().clamp_min(1e-30)) for n, g in want_grads.items()
+               if float((grads[n] - g).norm()) > 1e-3 * float(g.norm()) + 1e-5 * scale}
+        assert not bad, bad
     runners = [r for r in built if r.group_runners]
     assert runners and all(r.fast is not None for r in runners), [r.fast_groups for r in runners]
     assert sum(r.fast_groups for r in runners) >= 0.8 * sum(len(r.group_runners) for r in runners)
