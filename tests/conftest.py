@@ -11,3 +11,19 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture
+def built_runners(monkeypatch):
+    """The compiler's GraphRunners built during the test, in order (``runtime.GraphRunner``)."""
+    from kernelab.compiler import runtime
+
+    made = []
+    original = runtime.GraphRunner.__post_init__
+
+    def post_init(self):
+        original(self)
+        made.append(self)
+
+    monkeypatch.setattr(runtime.GraphRunner, "__post_init__", post_init)
+    return made

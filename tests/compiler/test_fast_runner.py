@@ -29,20 +29,6 @@ class _Interpreting:
 
 
 @pytest.fixture
-def built(monkeypatch):
-    """The GraphRunners this test builds, in order."""
-    made = []
-    original = runtime.GraphRunner.__post_init__
-
-    def post_init(self):
-        original(self)
-        made.append(self)
-
-    monkeypatch.setattr(runtime.GraphRunner, "__post_init__", post_init)
-    return made
-
-
-@pytest.fixture
 def bound(monkeypatch):
     """Every group's first launch runs as usual, then binds an interpreting launcher; yields the
     launchers made."""
@@ -79,7 +65,7 @@ def _step(model, x):
     return out.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
-def test_training_steps_run_the_specialized_lines_and_match_eager(bound, built):
+def test_training_steps_run_the_specialized_lines_and_match_eager(bound, built_runners):
     torch.manual_seed(0)
     model = _Block()
     compiled = torch.compile(model, backend="kernelab")
@@ -90,7 +76,7 @@ def test_training_steps_run_the_specialized_lines_and_match_eager(bound, built):
         torch.testing.assert_close(out, want_out, rtol=2e-5, atol=2e-6)
         for g, w in zip(grads, want_grads):
             torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-6)
-    runners = [r for r in built if r.group_runners]
+    runners = [r for r in built_runners if r.group_runners]
     assert runners and all(r.fast is not None for r in runners), "no runner specialized"
     assert sum(r.fast_groups for r in runners) == sum(len(r.group_runners) for r in runners)
     # after the first step every launch went through the specialized lines: the interpreting
@@ -98,14 +84,14 @@ def test_training_steps_run_the_specialized_lines_and_match_eager(bound, built):
     assert bound and all(launcher.launches == 2 for launcher in bound)
 
 
-def test_other_input_layouts_take_the_first_runner(bound, built):
+def test_other_input_layouts_take_the_first_runner(bound, built_runners):
     """A call whose inputs are laid out otherwise than the first call's (here called directly,
     as dynamo would after a recompile) runs the first runner: the values are right either way."""
     torch.manual_seed(0)
     compiled = torch.compile(lambda a, b: (a * b + 1).relu().sum(0), backend="kernelab")
     a, b = torch.randn(6, 40), torch.randn(6, 40)
     torch.testing.assert_close(compiled(a, b), (a * b + 1).relu().sum(0))
-    runner = next(iter([r for r in built if r.group_runners]))
+    runner = next(iter([r for r in built_runners if r.group_runners]))
     assert runner.fast is not None
     torch.testing.assert_close(runner([a, b])[0], (a * b + 1).relu().sum(0))
     launches = sum(launcher.launches for launcher in bound)
@@ -115,14 +101,14 @@ def test_other_input_layouts_take_the_first_runner(bound, built):
     assert sum(launcher.launches for launcher in bound) == launches  # not the bound launches
 
 
-def test_a_misaligned_input_takes_run_values(bound, built):
+def test_a_misaligned_input_takes_run_values(bound, built_runners):
     """A launch whose binary assumed a 16-byte aligned input gets a misaligned one (a view one
     element in): that group runs ``run_values``, which finds the cached call's key unmatched and
     launches the ordinary way; values right."""
     compiled = torch.compile(lambda a: (a * 2).exp(), backend="kernelab")
     a = torch.randn(64)
     torch.testing.assert_close(compiled(a), (a * 2).exp())
-    runner = next(iter([r for r in built if r.group_runners]))
+    runner = next(iter([r for r in built_runners if r.group_runners]))
     assert runner.fast is not None and "data_ptr() % 16 == 0" in runner.fast_source
     base = torch.randn(65)
     shifted = base[1:]  # same shape and stride, 4 bytes in
@@ -131,11 +117,11 @@ def test_a_misaligned_input_takes_run_values(bound, built):
     assert sum(launcher.launches for launcher in bound) == launches
 
 
-def test_a_launch_hook_takes_the_first_runner(bound, built, monkeypatch):
+def test_a_launch_hook_takes_the_first_runner(bound, built_runners, monkeypatch):
     compiled = torch.compile(lambda a: a.sin() + 1, backend="kernelab")
     a = torch.randn(32)
     compiled(a)
-    runner = next(iter([r for r in built if r.group_runners]))
+    runner = next(iter([r for r in built_runners if r.group_runners]))
     assert runner.fast is not None
     from triton import knobs
 
@@ -146,32 +132,32 @@ def test_a_launch_hook_takes_the_first_runner(bound, built, monkeypatch):
     assert sum(launcher.launches for launcher in bound) == launches
 
 
-def test_without_bound_launches_or_switched_off_nothing_is_specialized(bound, built, monkeypatch):
+def test_without_bound_launches_or_switched_off_nothing_is_specialized(bound, built_runners, monkeypatch):
     monkeypatch.setenv("KERNELAB_FAST_RUNNER", "0")
     compiled = torch.compile(lambda a: a.cos() * 3, backend="kernelab")
     a = torch.randn(16)
     for _ in range(2):
         torch.testing.assert_close(compiled(a), a.cos() * 3)
-    assert next(iter([r for r in built if r.group_runners])).fast is None
+    assert next(iter([r for r in built_runners if r.group_runners])).fast is None
 
 
-def test_the_interpreter_binds_nothing_so_nothing_is_specialized(built):
+def test_the_interpreter_binds_nothing_so_nothing_is_specialized(built_runners):
     compiled = torch.compile(lambda a: a.cos() * 3, backend="kernelab")
     a = torch.randn(16)
     for _ in range(2):
         torch.testing.assert_close(compiled(a), a.cos() * 3)
-    assert next(iter([r for r in built if r.group_runners])).fast is None
+    assert next(iter([r for r in built_runners if r.group_runners])).fast is None
 
 
-def test_symbolic_shapes_are_not_specialized(bound, built):
+def test_symbolic_shapes_are_not_specialized(bound, built_runners):
     compiled = torch.compile(lambda a: (a * 2).relu(), backend="kernelab", dynamic=True)
     for n in (8, 12, 8):
         a = torch.randn(n)
         torch.testing.assert_close(compiled(a), (a * 2).relu())
-    assert all(r.fast is None for r in [r for r in built if r.group_runners])
+    assert all(r.fast is None for r in [r for r in built_runners if r.group_runners])
 
 
-def test_padded_rows_around_products_through_the_specialized_lines(bound, built):
+def test_padded_rows_around_products_through_the_specialized_lines(bound, built_runners):
     """A kernel output with long unaligned rows that a product reads is allocated padded and
     viewed to its columns (``narrow``): the specialized line does the same."""
     torch.manual_seed(0)
@@ -179,12 +165,12 @@ def test_padded_rows_around_products_through_the_specialized_lines(bound, built)
     x, w, v = torch.randn(8, 32), torch.randn(32, 1031), torch.randn(1031, 16)
     for _ in range(3):
         torch.testing.assert_close(f(x, w, v), ((x @ w).relu() * 2) @ v, rtol=1e-4, atol=1e-4)
-    runner = next(r for r in built if r.group_runners)
+    runner = next(r for r in built_runners if r.group_runners)
     assert runner.fast is not None and "[..., :1031]" in runner.fast_source
 
 
 @pytest.mark.parametrize("name", ["gpt2", "vit", "bert", "llama", "t5"])
-def test_zoo_training_steps_through_the_specialized_lines(bound, built, name):
+def test_zoo_training_steps_through_the_specialized_lines(bound, built_runners, name):
     from kernelab.zoo import ZOO
 
     zm = ZOO[name]
@@ -202,4 +188,4 @@ def test_zoo_training_steps_through_the_specialized_lines(bound, built, name):
         assert grads.keys() == want_grads.keys()
         bad = gradients_off(grads, want_grads)  # key biases' zero gradients: absolute slack
         assert not bad, bad
-    assert any(r.fast_groups for r in built) and bound and all(launcher.launches >= 1 for launcher in bound)
+    assert any(r.fast_groups for r in built_runners) and bound and all(launcher.launches >= 1 for launcher in bound)

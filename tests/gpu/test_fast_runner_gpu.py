@@ -20,21 +20,8 @@ def _strict(monkeypatch):
     torch._dynamo.reset()
 
 
-@pytest.fixture
-def built(monkeypatch):
-    made = []
-    original = runtime.GraphRunner.__post_init__
-
-    def post_init(self):
-        original(self)
-        made.append(self)
-
-    monkeypatch.setattr(runtime.GraphRunner, "__post_init__", post_init)
-    return made
-
-
 @pytest.mark.parametrize("name", ["gpt2", "bert", "vit", "llama"])
-def test_zoo_training_steps_on_the_specialized_runner(built, name):
+def test_zoo_training_steps_on_the_specialized_runner(built_runners, name):
     from kernelab.zoo import ZOO
 
     zm = ZOO[name]
@@ -55,17 +42,17 @@ def test_zoo_training_steps_on_the_specialized_runner(built, name):
         bad = {n: float((grads[n] - g).norm() / g.norm().clamp_min(1e-30)) for n, g in want_grads.items()
                if float((grads[n] - g).norm()) > 1e-3 * float(g.norm()) + 1e-5 * scale}
         assert not bad, bad
-    runners = [r for r in built if r.group_runners]
+    runners = [r for r in built_runners if r.group_runners]
     assert runners and all(r.fast is not None for r in runners), [r.fast_groups for r in runners]
     assert sum(r.fast_groups for r in runners) >= 0.8 * sum(len(r.group_runners) for r in runners)
 
 
-def test_another_layout_and_a_misaligned_input(built):
+def test_another_layout_and_a_misaligned_input(built_runners):
     f = torch.compile(lambda a, b: ((a * b).exp() + 1).sum(0), backend="kernelab")
     a, b = torch.randn(64, 96, device="cuda"), torch.randn(64, 96, device="cuda")
     for _ in range(2):
         torch.testing.assert_close(f(a, b), ((a * b).exp() + 1).sum(0))
-    runner = next(r for r in built if r.group_runners)
+    runner = next(r for r in built_runners if r.group_runners)
     assert runner.fast is not None
     other = torch.randn(96, 64, device="cuda").t()
     torch.testing.assert_close(runner([other, b])[0], ((other * b).exp() + 1).sum(0))
