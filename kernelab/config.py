@@ -6,7 +6,7 @@ before the call that reads it. Triton's own ``TRITON_INTERPRET`` is Triton's: se
 
 | variable | default | effect |
 | --- | --- | --- |
-| KERNELAB_DEBUG | 0 | compiler: 1 a line per graph, 2 every group and refusal, 3 the generated sources |
+| KERNELAB_DEBUG | 0 | compiler: 1 a line per graph, 2 every group and refusal, 3 the generated sources (runners, their specialized versions, kernels) |
 | KERNELAB_STRICT | 0 | 1: where the compiler would fall back to ATen, raise instead |
 | KERNELAB_CUDAGRAPHS | 0 | 1: compiled graphs replayed as CUDA graphs, as ``mode="reduce-overhead"`` |
 | KERNELAB_DIRECT_LAUNCH | 1 | 0: every launch through ``kernel[grid](...)`` instead of a bound launcher |

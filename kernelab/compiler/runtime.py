@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import linecache
 import operator
+import sys
 
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -149,6 +150,9 @@ class GraphRunner:
         source, function = _straight_line(self, fast=fast)
         if function is not None:
             self.fast, self.fast_source, self.fast_groups = function, source, len(fast)
+            if config.debug_level() >= 3:  # 3: the generated sources, this runner's too
+                print(f"kernelab: the runner specialized after its first call ({len(fast)} of "
+                      f"{len(self.group_runners)} groups launched directly):\n{source}", file=sys.stderr)
 
     def target(self, node: fx.Node):
         """What runs an ATen node: its op, a product writing into a padded buffer, or the row

@@ -189,3 +189,12 @@ def test_zoo_training_steps_through_the_specialized_lines(bound, built_runners, 
         bad = gradients_off(grads, want_grads)  # key biases' zero gradients: absolute slack
         assert not bad, bad
     assert any(r.fast_groups for r in built_runners) and bound and all(launcher.launches >= 1 for launcher in bound)
+
+
+def test_debug_level_3_prints_the_specialized_runner(bound, built_runners, monkeypatch, capsys):
+    monkeypatch.setenv("KERNELAB_DEBUG", "3")
+    f = torch.compile(lambda a: (a + 1).relu(), backend="kernelab")
+    a = torch.randn(24)
+    torch.testing.assert_close(f(a), (a + 1).relu())
+    err = capsys.readouterr().err
+    assert "the runner specialized after its first call (1 of 1 groups launched directly)" in err and ".launch(" in err
