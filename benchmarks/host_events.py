@@ -215,7 +215,10 @@ def _measure(target: str, calls: dict, rounds: int, top: int, no_events: bool) -
                      f"{min(times[name]):.3f}-{max(times[name]):.3f}; {first} / this, per round: {ratio:.2f}x); "
                      f"host {statistics.median(host):.3f} ms (min {min(host):.3f}, max {max(host):.3f})")
         if not no_events:
-            lines += _events(call, top)
+            try:
+                lines += _events(call, top)
+            except Exception as exc:  # noqa: BLE001 - the timings above stand without the profile
+                lines.append(f"    no host events: {type(exc).__name__}: {exc}")
         printed = _print_new(lines, printed)
     _print_new(lines, printed)
     return lines
@@ -224,6 +227,27 @@ def _measure(target: str, calls: dict, rounds: int, top: int, no_events: bool) -
 def _print_new(lines: list, printed: int) -> int:
     print("\n".join(lines[printed:]), flush=True)
     return len(lines)
+
+
+def _target_error(target: str, modes: list) -> str:
+    """Why ``target`` (or the modes) cannot be measured, or "" where they can."""
+    from kernelab.bench import specs
+    from kernelab.zoo import ZOO
+
+    parts = target.split(":")
+    if parts[0] == "mm":
+        ok = len(parts) == 2 and len(parts[1].split("x")) == 3 and all(v.isdigit() for v in parts[1].split("x"))
+        return "" if ok else f"{target!r}: a product is mm:MxKxN"
+    if len(parts) == 3:
+        shape = parts[1].split("x")
+        if parts[0] not in specs.specs() or parts[2] not in ("fwd", "fwd+bwd") or len(shape) != 2 or \
+                not all(v.isdigit() for v in shape):
+            return f"{target!r}: an op case is OP:ROWSxWIDTH:fwd|fwd+bwd with OP one of {', '.join(sorted(specs.specs()))}"
+        return ""
+    if len(parts) != 2 or parts[0] not in ZOO or parts[1] not in ("train", "infer"):
+        return f"{target!r}: a model is MODEL:train|infer with MODEL one of {', '.join(sorted(ZOO))}"
+    unknown = [m for m in modes if m not in ("eager", "inductor", "kernelab", "kernelab-nofast")]
+    return f"unknown mode {unknown[0]!r} (eager, inductor, kernelab, kernelab-nofast)" if unknown else ""
 
 
 def main() -> None:
@@ -237,6 +261,11 @@ def main() -> None:
     ap.add_argument("--no-events", action="store_true", help="timings only, no profiled call")
     ap.add_argument("--loss-fn", action="store_true", help="compile the loss function (as models.py does), not the model")
     args = ap.parse_args()
+    bad = [t for t in args.targets if _target_error(t, args.modes.split(","))]
+    if bad:
+        ap.error(_target_error(bad[0], args.modes.split(",")))
+    if args.rounds < 1 or args.top < 1:
+        ap.error("--rounds and --top must be at least 1")
     if not torch.cuda.is_available():
         sys.exit("host_events.py: needs a CUDA GPU (run it on the device machine)")
     args.out.mkdir(parents=True, exist_ok=True)
