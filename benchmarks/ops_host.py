@@ -345,27 +345,23 @@ def _timed_backward_body(step, n: int, sync=None) -> float:
     return statistics.median(spent) * 1e6 if spent else float("nan")
 
 
-def profiler_table(op: str, shape, device: str = "cuda", calls: int = 5, out_dir: Path | None = None) -> str:
-    """torch.profiler over ``calls`` forward+backward calls of ``op`` at ``shape`` (bf16), kernelab
-    then eager: the CPU-side time by function on every thread (the autograd device thread too), and
-    a Chrome trace per provider under ``out_dir``."""
+def profiler_table(op: str, shape=None, device: str = "cuda", calls: int = 5, out_dir: Path | None = None) -> str:
+    """torch.profiler over ``calls`` forward+backward calls of ``op``, kernelab then eager: the
+    CPU-side time by function on every thread (the autograd device thread too), and a Chrome trace
+    per provider under ``out_dir``. The norms at ``shape`` (MxN, bf16) where given; otherwise
+    (and for every other op) the small float32 inputs of the host table (``cases``)."""
     import torch
-    import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
 
-    import kernelab.ops as K
-
-    m, k = shape
-    x = torch.randn(m, k, device=device, dtype=torch.bfloat16, requires_grad=True)
-    w = torch.ones(k, device=device, dtype=torch.bfloat16, requires_grad=True)
-    b = torch.zeros(k, device=device, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    if shape is not None and op in ("layer_norm", "rms_norm"):
+        inputs, grad_of, fns = _norm_case(op, shape, device)
+        label = f"{shape[0]}x{shape[1]} bf16"
+    else:
+        inputs, grad_of, fns = cases([op], device)[op]
+        label = "small float32 inputs"
     text = []
-    for name, mod in (("kernelab", K), ("eager", F)):
-        if op == "layer_norm":
-            step = lambda: torch.autograd.grad(mod.layer_norm(x, (k,), w, b, 1e-5), (x, w, b), dy)  # noqa: E731
-        else:
-            step = lambda: torch.autograd.grad(mod.rms_norm(x, (k,), w, 1e-6), (x, w), dy)  # noqa: E731
+    for name in ("kernelab", "eager"):
+        step = steps(inputs, grad_of, fns[name])[1]
         for _ in range(10):
             step()
         torch.cuda.synchronize()
@@ -376,10 +372,27 @@ def profiler_table(op: str, shape, device: str = "cuda", calls: int = 5, out_dir
             host = (time.perf_counter() - wall) / calls * 1e6
             torch.cuda.synchronize()
         if out_dir is not None:
-            prof.export_chrome_trace(str(out_dir / f"trace_{op}_{name}_{m}x{k}.json"))
-        text.append(f"== {op} {m}x{k} bf16 fwd+bwd, {name}: host {host:.0f} us a call under the profiler")
+            prof.export_chrome_trace(str(out_dir / f"trace_{op}_{name}.json"))
+        text.append(f"== {op} {label} fwd+bwd, {name}: host {host:.0f} us a call under the profiler")
         text.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
     return "\n".join(text)
+
+
+def _norm_case(op: str, shape, device: str):
+    """(inputs, grad_of, {provider: fn}) of a norm at ``shape`` in bf16, weight (and bias) with grad."""
+    import torch
+    import torch.nn.functional as F
+
+    import kernelab.ops as K
+
+    m, k = shape
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.ones(k, device=device, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.zeros(k, device=device, dtype=torch.bfloat16, requires_grad=True)
+    if op == "layer_norm":
+        return (x, w, b), (0, 1, 2), {n: (lambda x, w, b, mod=mod: mod.layer_norm(x, (k,), w, b, 1e-5))
+                                      for n, mod in (("kernelab", K), ("eager", F))}
+    return (x, w), (0, 1), {n: (lambda x, w, mod=mod: mod.rms_norm(x, (k,), w, 1e-6)) for n, mod in (("kernelab", K), ("eager", F))}
 
 
 def gpu_main(args) -> int:
@@ -415,8 +428,10 @@ def gpu_main(args) -> int:
     print("\n".join(norm_parts(device, n=args.steps, repeats=args.repeats, sync=sync)))
     for shape in args.at or ():
         print("\n".join(norm_parts(device, shape, n=min(20, args.steps), repeats=args.repeats, sync=sync)))
-    if not args.smoke and args.trace_shape:
-        tables = "\n".join(profiler_table(op, args.trace_shape, out_dir=out_dir) for op in ("layer_norm", "rms_norm"))
+    traced = [(op, args.trace_shape) for op in ("layer_norm", "rms_norm") if args.trace_shape] + \
+        [(op, None) for op in args.trace_ops or ()]
+    if not args.smoke and traced:
+        tables = "\n".join(profiler_table(op, shape, out_dir=out_dir) for op, shape in traced)
         (out_dir / "ops_host_profile.txt").write_text(tables + "\n")
         print(tables)
     return 0 if all(result == "ok" for result in checks.values()) else 1
@@ -447,6 +462,8 @@ def parser(ops=OPS) -> argparse.ArgumentParser:
                    "host and GPU time together (e.g. 16384x2048)")
     p.add_argument("--trace-shape", type=_rows_by_width, help="GPU: also profile the norms' forward+backward at this MxN (bf16), "
                    "every thread's CPU time and a Chrome trace each (e.g. 16384x2048)")
+    p.add_argument("--trace-ops", nargs="+", choices=OPS, help="GPU: also profile these ops' forward+backward on the small "
+                   "inputs of the table, every thread's CPU time and a Chrome trace each")
     p.add_argument("--smoke", action="store_true",
                    help="the GPU flow on CPU tensors under TRITON_INTERPRET=1 (checks the script, measures nothing)")
     return p

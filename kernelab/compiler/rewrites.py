@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from . import fusion, ops_table
 
-__all__ = ["one_hot_indexing", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
+__all__ = ["one_hot_indexing", "multiplications_by_one", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds",
            "inputs_in_row_space", "trailing_reductions_as_rows",
@@ -45,7 +45,8 @@ prims = torch.ops.prims
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return (common_subexpressions(gm) + cuda_clamps_without_nan_bounds(gm) + batch_norms_in_place(gm)
+    return (common_subexpressions(gm) + multiplications_by_one(gm) + cuda_clamps_without_nan_bounds(gm)
+            + batch_norms_in_place(gm)
             + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm)
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
             + batch_norm_statistics_as_rows_then_columns(gm)
@@ -54,7 +55,8 @@ def rewrite(gm: fx.GraphModule) -> int:
             + one_hot_indexing(gm) + casts_through_views(gm) + gathers_before_casts(gm)
             + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
             + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
-            + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm))
+            + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm)
+            + casts_through_views(gm, squeezes=True))
 
 
 def common_subexpressions(gm: fx.GraphModule) -> int:
@@ -96,6 +98,33 @@ def _repeats(graph: fx.Graph) -> bool:
         except TypeError:  # an operand that does not hash: let the CSE decide
             return True
     return False
+
+
+#: ops whose second operand, a Python number equal to 1, leaves the first one's values unchanged
+_BY_ONE = ("aten.mul.Scalar", "aten.mul.Tensor", "aten.div.Scalar", "aten.div.Tensor")
+
+
+def multiplications_by_one(gm: fx.GraphModule) -> int:
+    """``x * 1`` and ``x / 1`` -> ``x``: exact in IEEE arithmetic (NaN, infinities and the sign of
+    zero pass unchanged; ``x + 0`` is not: -0 + 0 = +0). SDPA scales the scores by ``scale=1.0``
+    where the model's weights absorb the scale (T5): a multiplication between a cast and a
+    transpose, a kernel of its own writing the keys again in float32 before their product. Only
+    where the result is ``x`` as it was (same dtype, shape and strides, so that every view of it
+    stays valid) and is not an output of the graph (an output must not be its input)."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or fusion.target_name(node).removesuffix(".default") not in _BY_ONE:
+            continue
+        x, other = (node.args + (None,))[:2]
+        if not (isinstance(x, fx.Node) and type(other) in (int, float) and other == 1 and not node.kwargs):
+            continue
+        val, src = fusion.value(node), fusion.value(x)
+        same = (isinstance(val, torch.Tensor) and isinstance(src, torch.Tensor) and val.dtype == src.dtype
+                and val.shape == src.shape and val.stride() == src.stride())
+        if same and all(user.op != "output" for user in node.users):
+            node.replace_all_uses_with(x)
+            count += 1
+    return _cleanup(gm, count)
 
 
 _CLAMPS = {aten.clamp.default: ("min", "max"), aten.clamp_min.default: ("min",), aten.clamp_max.default: ("max",)}
@@ -926,30 +955,63 @@ _CASTS = ("prims.convert_element_type.default", "aten._to_copy.default")
 _RESHAPES = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 
 
-def casts_through_views(gm: fx.GraphModule) -> int:
+#: views that reorder dims: any layout has them (no contiguity needed)
+_PERMUTES = ("aten.permute.default", "aten.transpose.int", "aten.t.default")
+#: views that add or drop dims of size 1: any layout has them too
+_SQUEEZES = ("aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default")
+
+
+def casts_through_views(gm: fx.GraphModule, squeezes: bool = False) -> int:
     """``view(cast(x))`` -> ``cast(view(x))`` where the cast's only users are such views, and
-    ``cast(view(y))`` -> ``view(cast(y))`` where the view's only user is the cast. A reshape between
+    ``cast(view(y))`` -> ``view(cast(y))`` where the view's only user is the cast. A view between
     a cast and the kernel that reads it keeps them apart (a view that moves the values is written
     first): HF's ``logits.float().view(-1, vocab)`` wrote the float32 logits, (rows, vocab), in a
     kernel of its own before the loss, and the gradient's ``.view(B, S, vocab).to(bf16)`` wrote
-    them again in float32. Moved, the cast joins the kernel on the other side of the view."""
+    them again in float32. Moved, the cast joins the kernel on the other side of the view.
+
+    Reshapes move where the reshaped tensor is contiguous, permutes (transposes) always, and with
+    ``squeezes`` (a second pass, after ``unsqueezes_toward_inputs`` has moved the per-channel
+    unsqueezes of a batch norm toward its inputs) (un)squeezes too. SDPA's
+    math path in 16 bits (T5's attention with its learned position bias, whose gradient the fused
+    attentions do not give) casts q, k and v to float32, transposes k, and transposes the
+    attention's output back after casting it to 16 bits: each cast before a transpose was a kernel
+    of its own (T5-base training: 64 cast and 72 copy kernels a step on the H100, where Inductor
+    fuses the casts into the copies). A moved cast can meet the next view (a reshape then a
+    transpose): the pass repeats until nothing moves."""
+    total = 0
+    for _ in range(8):  # a chain of views is a few deep: each pass moves a cast past one of them
+        count = _casts_through_views_once(gm, _PERMUTES + _SQUEEZES if squeezes else _PERMUTES)
+        total += count
+        if not count:
+            break
+    return total
+
+
+def _casts_through_views_once(gm: fx.GraphModule, free_views: tuple) -> int:
     count = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or fusion.target_name(node) not in _CASTS or not _plain_cast(node):
             continue
         src = node.args[0]
         views = list(node.users)
-        if views and _computed_by_aten(src) and all(fusion.target_name(v) in _RESHAPES and v.args[0] is node
-                                                    for v in views):
+        if views and _computed_by_aten(src) and all(_moves_with_casts(v, free_views) and v.args[0] is node for v in views):
             count += sum(_swap(gm, v, view_args=(src, *v.args[1:]), cast=node) for v in views)
-        elif (isinstance(src, fx.Node) and fusion.target_name(src) in _RESHAPES and len(src.users) == 1
-              and isinstance(src.args[0], fx.Node) and not _computed_by_aten(src.args[0])
-              and fusion.value(src.args[0]).is_contiguous()):
+        elif (isinstance(src, fx.Node) and _moves_with_casts(src, free_views) and len(src.users) == 1
+              and isinstance(src.args[0], fx.Node) and not _computed_by_aten(src.args[0])):
             b = _Builder(gm, node, fusion.value(node))
             cast = b.op(node.target, src.args[0], *node.args[1:], **node.kwargs)
             node.replace_all_uses_with(b.op(src.target, cast, *src.args[1:]))
             count += 1
     return _cleanup(gm, count)
+
+
+def _moves_with_casts(view, free_views: tuple) -> bool:
+    """One of ``free_views``, or a reshape of a contiguous tensor: the same view of the cast values
+    exists."""
+    name = fusion.target_name(view)
+    if name in free_views:
+        return True
+    return name in _RESHAPES and isinstance(view.args[0], fx.Node) and fusion.value(view.args[0]).is_contiguous()
 
 
 def gathers_before_casts(gm: fx.GraphModule) -> int:
@@ -975,10 +1037,11 @@ def gathers_before_casts(gm: fx.GraphModule) -> int:
 
 
 def _computed_by_aten(node) -> bool:
-    """An input or an ATen op's result (a matmul's logits), or a reshape of one (HF's
+    """An input or an ATen op's result (a matmul's logits), or a view of one (HF's
     ``logits.view(B, S, V)`` of the head's (B*S, V) product): a cast of it fuses only downstream.
     A cast of a generated value stays where it is, in its producer's kernel."""
-    while isinstance(node, fx.Node) and node.op == "call_function" and fusion.target_name(node) in _RESHAPES:
+    while isinstance(node, fx.Node) and node.op == "call_function" and \
+            fusion.target_name(node) in _RESHAPES + _PERMUTES + _SQUEEZES:
         node = node.args[0]
     if not isinstance(node, fx.Node):
         return False

@@ -1074,3 +1074,61 @@ def test_generated_batch_norm_backward_matches_eager(monkeypatch, channels_last)
     torch.compile(lambda x: step(net, x), backend="kernelab")(x)
     for (name, p), q in zip(net.named_parameters(), ref.parameters()):
         assert_close(p.grad, q.grad, what=name)
+
+
+def _math_attention(q, k, v, bias):
+    """SDPA with a bias that requires grad (T5's learned position bias): the math path, which casts
+    16-bit q, k, v to float32, transposes k, and transposes the output back after casting it."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+def test_casts_move_through_transposes_into_the_kernels_beside_them():
+    """T5-base training wrote 64 lone casts and 72 copies a step on the H100 (Inductor: casts fused
+    into its copies). Each cast before a transpose (the keys), or after one (the output, the keys'
+    gradient), and each cast after an unsqueeze (the bias gradient) was a kernel of its own: 7
+    generated kernels in the forward and 8 in the backward of one attention, now 5 and 6. Values
+    and gradients as eager's."""
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(2, 4, 16, 8)] * 3 + [(1, 4, 16, 16)]
+    inputs = [torch.randn(s, generator=gen).half().requires_grad_(True) for s in shapes]
+    grad_out = torch.randn(2, 16, 32, generator=gen).half()
+
+    def step(*xs):
+        out = _math_attention(*xs)
+        out.backward(grad_out)
+        return out.detach()
+
+    grads = []
+    for f in (step, torch.compile(step, backend="kernelab")):
+        for x in inputs:
+            x.grad = None
+        grads.append([f(*inputs)] + [x.grad.clone() for x in inputs])
+    for want, got, what in zip(grads[0], grads[1], ("output", "dq", "dk", "dv", "dbias")):
+        assert_close(got, want, dtype=torch.float16, what=what)
+    graphs = [graph for graph in klc.explain(step, *inputs).graphs if graph.kind != "inference"]
+    generated = [[g.name for g in graph.groups] for graph in graphs]
+    assert [len(names) for names in generated] == [5, 6], generated
+    assert not any(name == "kl_fused_copy" for names in generated for name in names), generated
+
+
+def test_multiplications_by_one_are_no_kernels():
+    """``x * 1.0`` (SDPA's ``scale=1.0``, T5's) is ``x``: a transposed operand scaled by one goes to
+    the product as the transposed view, no kernel. An output stays a new tensor (never the input),
+    and a product that changes the dtype (an integer times 1.0) stays a multiplication."""
+    def scaled_product(a, b):
+        return a @ (b.t() * 1.0)
+
+    a, b = _r(6, 5), _r(7, 5, seed=1)
+    assert_close(torch.compile(scaled_product, backend="kernelab")(a, b), scaled_product(a, b), what="product")
+    assert not klc.explain(scaled_product, a, b).graphs[0].groups
+
+    def returned(x):
+        return x * 1.0, x / 1
+
+    x = _r(4, 3)
+    got = torch.compile(returned, backend="kernelab")(x)
+    assert all(g.data_ptr() != x.data_ptr() and torch.equal(g, x) for g in got)
+    ints = torch.arange(6).reshape(2, 3)
+    promoted = torch.compile(lambda i: i * 1.0, backend="kernelab")(ints)
+    assert promoted.dtype == torch.float32 and torch.equal(promoted, ints.float())
