@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from . import fusion, ops_table
 
-__all__ = ["one_hot_indexing", "multiplications_by_one", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
+__all__ = ["one_hot_indexing", "multiplications_by_one", "pointwise_into_copies", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds",
            "inputs_in_row_space", "trailing_reductions_as_rows",
@@ -56,7 +56,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
             + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
             + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm)
-            + casts_through_views(gm, squeezes=True))
+            + casts_through_views(gm, squeezes=True) + pointwise_into_copies(gm))
 
 
 def common_subexpressions(gm: fx.GraphModule) -> int:
@@ -1003,6 +1003,59 @@ def _casts_through_views_once(gm: fx.GraphModule, free_views: tuple) -> int:
             node.replace_all_uses_with(b.op(src.target, cast, *src.args[1:]))
             count += 1
     return _cleanup(gm, count)
+
+
+#: views that pick part of a tensor: any layout has them
+_SLICES = ("aten.slice.Tensor", "aten.select.int")
+
+
+def pointwise_into_copies(gm: fx.GraphModule) -> int:
+    """``clone(view(op(a, b)))`` -> ``clone(op(view(a), view(b)))`` for an elementwise op of inputs
+    or ATen results of its own shape, whose only use is a permute, (un)squeeze or slice that ends in
+    a copy: the op is computed inside the copy's kernel (and only where the slice reads), not in a
+    kernel of its own before it. T5's backward added each cross-attention's key and value gradients
+    to their cache's gradients, then sliced, transposed and copied the sum: two kernels each, where
+    Inductor's one. Repeats until nothing moves (a slice then a transpose)."""
+    total = 0
+    for _ in range(8):
+        count = 0
+        for node in list(gm.graph.nodes):
+            view = _lone_view_into_copy(node)
+            if view is None:
+                continue
+            b = _Builder(gm, view, fusion.value(view))
+            try:
+                args = [b.op(view.target, a, *view.args[1:], **view.kwargs) if isinstance(a, fx.Node) else a
+                        for a in node.args]
+                moved = b.op(node.target, *args, **node.kwargs)
+            except RuntimeError:
+                continue
+            view.replace_all_uses_with(moved)
+            count += 1
+        total += _cleanup(gm, count)
+        if not count:
+            break
+    return total
+
+
+def _lone_view_into_copy(node) -> fx.Node | None:
+    """The view of ``node`` that ``pointwise_into_copies`` moves it past, or None."""
+    if node.op != "call_function" or fusion.target_name(node) == "aten.clone.default" or len(node.users) != 1:
+        return None
+    val = fusion.value(node)
+    operands = [a for a in node.args if isinstance(a, fx.Node)]
+    if (fusion.classify(node)[0] != "pointwise" or not operands or not isinstance(val, torch.Tensor)
+            or any(isinstance(a, (list, tuple)) for a in node.args)
+            or any(not _computed_by_aten(a) or getattr(fusion.value(a), "shape", None) != val.shape for a in operands)):
+        return None
+    view = next(iter(node.users))
+    free = _PERMUTES + _SQUEEZES + _SLICES
+    if fusion.target_name(view) not in free or view.args[0] is not node:
+        return None
+    end = view
+    while fusion.target_name(end) in free and len(end.users) == 1:
+        end = next(iter(end.users))
+    return view if fusion.target_name(end) == "aten.clone.default" else None
 
 
 def _moves_with_casts(view, free_views: tuple) -> bool:

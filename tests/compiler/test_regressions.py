@@ -1132,3 +1132,17 @@ def test_multiplications_by_one_are_no_kernels():
     ints = torch.arange(6).reshape(2, 3)
     promoted = torch.compile(lambda i: i * 1.0, backend="kernelab")(ints)
     assert promoted.dtype == torch.float32 and torch.equal(promoted, ints.float())
+
+
+def test_a_sum_sliced_transposed_and_copied_is_one_kernel():
+    """T5's backward added each cross-attention's key (and value) gradient to its cache's
+    gradient, then sliced, transposed and copied the sum: the add was a kernel of its own before
+    the copy. The add moves past the views into the copy's kernel and computes only the slice."""
+    def f(a, b):
+        return (a + b)[:, :, :4].transpose(1, 2).contiguous()
+
+    a, b = _r(2, 3, 6, 5), _r(2, 3, 6, 5, seed=1)
+    got = torch.compile(f, backend="kernelab")(a, b)
+    assert_close(got, f(a, b), what="sliced sum")
+    assert got.is_contiguous()
+    assert [g.name for g in klc.explain(f, a, b).graphs[0].groups] == ["kl_fused_add"]
