@@ -96,7 +96,6 @@ def test_explain_prints_groups_bytes_and_reasons():
     (lambda x: x.pow(2.5) + 1, "no exact short Triton expression"),
     (lambda x: x.amax(0) * 2, "amax over the leading dims is not generated"),
     (lambda x: (x + 1).t() * 2, None),  # a transpose between two groups: both still fuse
-    (lambda x: (x + 1).t().contiguous() * x, None),  # square: a transpose keeps the shape, not the values
 ])
 def test_refusals_carry_reasons(fn, node_reason):
     found = []
@@ -118,6 +117,15 @@ def test_refusals_carry_reasons(fn, node_reason):
         assert [n.name for n in first.nodes] == ["add"]  # the transposed value is written, then read
     else:
         assert any(node_reason in why for why in reasons), reasons
+
+
+def test_an_add_transposed_then_copied_is_computed_in_the_copys_kernel():
+    """Square: a transpose keeps the shape, not the values. The add of an input, whose one use is
+    the transpose that the copy reads, moves past the transpose (``rewrites.pointwise_into_copies``):
+    the copy's kernel computes it, and the product with ``x`` joins it; one kernel, not two."""
+    groups = forward_groups(lambda x: (x + 1).t().contiguous() * x, torch.randn(8, 8))
+    assert len(groups) == 1, groups
+    assert sorted(n.name for n in groups[0].nodes if n.name != "clone") == ["add_tensor", "mul"]
 
 
 def test_row_value_groups_merge_into_their_reduction():
