@@ -99,6 +99,8 @@ class Padding:
     #: graph inputs copied into padded rows as the graph starts (a gradient of the logits that the
     #: loss's graph computed, read by this graph's backward products)
     copies: set = field(default_factory=set)
+    #: returned nodes that come out with the padded rows of a product (as Inductor returns them)
+    returned_padded: set = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -112,6 +114,9 @@ class Padding:
             how = "an input a product reads" if node.op == "placeholder" else how
             lines.append(f"{node.name}: rows of {cols} padded to {stride} ({how} it; 16-byte aligned for cuBLAS)")
         lines += [f"{node.name}: returned, copied back into its unpadded layout" for node in self.restore]
+        lines += [f"{node.name}: returned with its padded rows (as Inductor returns a product): the caller's "
+                  f"tensor is a view whose rows are {self.rows[_padded_source(node, self.rows)]} elements apart; "
+                  f"flatten it with .reshape, not .view" for node in self.returned_padded]
         lines += [f"{node.name}: a product reading padded rows, run on the whole padded matrix"
                   for node in self.widen]
         lines += [f"{node.name}: an input copied into padded rows" for node in self.copies]
@@ -145,7 +150,8 @@ def plan(gm: fx.GraphModule, part, returned: set) -> Padding:
     # come back from Inductor with a row stride of 50264); other padded values go back into the
     # traced layout
     restore = {n for n in returned if _reaches(n, rows) and fusion.target_name(_padded_source(n, rows)) not in MATMULS}
-    return Padding(rows, restore, widen, copies)
+    kept = {n for n in returned if _reaches(n, rows) and n not in restore}
+    return Padding(rows, restore, widen, copies, kept)
 
 
 def visible(output: fx.Node, visible_outputs: int | None) -> set:

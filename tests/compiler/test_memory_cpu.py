@@ -100,3 +100,18 @@ def test_bert_head_inference_returns_its_padded_logits_without_a_copy(monkeypatc
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert padded.stride()[-2:] == (30524, 1) and plain.is_contiguous()  # float32: rows of 16 bytes
     assert peak <= 1.1 * plain_peak, (peak / 2**20, plain_peak / 2**20, "MiB")
+
+
+def test_explain_says_the_logits_come_back_padded(monkeypatch):
+    """A caller flattening the returned logits with ``.view`` would fail on padded rows: ``explain``
+    (and ``KERNELAB_DEBUG=2``) says which returned values keep a product's padded rows."""
+    import kernelab.compiler as klc
+
+    monkeypatch.setenv("KERNELAB_PAD", "1")
+    mem = _script()
+    module, inputs, _, forward = mem._bert_head_model(batch=2, seq=32)
+    module.eval()
+    with torch.no_grad():
+        plan = klc.explain(lambda inp: forward(module, inp), inputs)
+    lines = [line for graph in plan.graphs for line in graph.padded]
+    assert any("returned with its padded rows" in line and "30524 elements apart" in line for line in lines), lines
