@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from . import fusion, ops_table
 
-__all__ = ["one_hot_indexing", "multiplications_by_one", "pointwise_into_copies", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
+__all__ = ["one_hot_indexing", "multiplications_by_one", "pointwise_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds",
            "inputs_in_row_space", "trailing_reductions_as_rows",
@@ -55,7 +55,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             + one_hot_indexing(gm) + casts_through_views(gm) + gathers_before_casts(gm)
             + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
             + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
-            + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm)
+            + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm) + broadcast_cats_expanded(gm)
             + casts_through_views(gm, squeezes=True) + pointwise_into_copies(gm))
 
 
@@ -406,6 +406,47 @@ def negated_cat_pieces(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(new)
         count += 1
     return _cleanup(gm, count)
+
+
+def broadcast_cats_expanded(gm: fx.GraphModule) -> int:
+    """``op(x, cat(pieces))`` where the cat broadcasts against ``x`` (size 1 in dims where the op's
+    result is bigger) -> ``op(x, cat(expand(piece) ...))``, one expanded cat per such reader. A
+    kernel joins only values of its own shape, so the small cat was a kernel of its own: RoPE's
+    backward rotates ``sin`` (1, 1, S, D) by a cat of its halves before multiplying the (B, H, S, D)
+    gradient by it, for q and for k in every layer (Llama). Expanded, the cat reads its pieces with
+    stride 0 in the reader's kernel, as the full-size cat of the gradient's halves beside it."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if not (node.op == "call_function" and fusion.is_cat(node) and fusion.static_shape(fusion.value(node))):
+            continue
+        for user in list(node.users):
+            shape = _broadcast_into(node, user)
+            if shape is None:
+                continue
+            dim = fusion.cat_dim(node)
+            b = _Builder(gm, user, fusion.value(user))
+            try:
+                pieces = [b.op(aten.expand.default, p, [fusion.value(p).shape[d] if d == dim else size
+                                                       for d, size in enumerate(shape)]) for p in node.args[0]]
+                expanded = b.op(aten.cat.default, pieces, dim)
+            except Exception:  # noqa: BLE001 - pieces this restatement does not cover: leave it
+                continue
+            user.replace_input_with(node, expanded)
+            count += 1
+    return _cleanup(gm, count)
+
+
+def _broadcast_into(cat: fx.Node, user: fx.Node) -> list | None:
+    """The shape ``cat`` takes in ``user`` where the user is an elementwise op whose result is
+    bigger than the cat only in the cat's dims of size 1 (not its cat dim); else None."""
+    val, out = fusion.value(cat), fusion.value(user)
+    if (user.op != "call_function" or fusion.classify(user)[0] != "pointwise" or not isinstance(out, torch.Tensor)
+            or out.dim() != val.dim() or not fusion.static_shape(out) or tuple(out.shape) == tuple(val.shape)):
+        return None
+    dim = fusion.cat_dim(cat)
+    if out.shape[dim] != val.shape[dim] or any(v not in (1, o) for v, o in zip(val.shape, out.shape)):
+        return None
+    return list(out.shape)
 
 
 def _read_by_kernels(node) -> bool:

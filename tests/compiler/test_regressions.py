@@ -1146,3 +1146,34 @@ def test_a_sum_sliced_transposed_and_copied_is_one_kernel():
     assert_close(got, f(a, b), what="sliced sum")
     assert got.is_contiguous()
     assert [g.name for g in klc.explain(f, a, b).graphs[0].groups] == ["kl_fused_add"]
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def test_rope_backward_rotates_sin_inside_the_gradients_kernel():
+    """RoPE's backward multiplies the (B, H, S, D) gradient by ``sin`` (1, 1, S, D) rotated by a
+    cat of its halves: the small cat was a kernel of its own for q and for k in every layer (a
+    kernel joins only values of its own shape). Expanded to the gradient's shape, it is read with
+    stride 0 inside the gradient's kernel (``rewrites.broadcast_cats_expanded``)."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, 5, 8, generator=gen).requires_grad_(True)
+    angles = torch.randn(1, 1, 5, 4, generator=gen)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    g = torch.randn(2, 3, 5, 8, generator=gen)
+
+    def step(x, cos, sin):
+        y = x * cos + _rotate_half(x) * sin
+        y.backward(g)
+        return y.detach()
+
+    results = []
+    for f in (step, torch.compile(step, backend="kernelab")):
+        x.grad = None
+        results.append((f(x, cos, sin), x.grad.clone()))
+    assert_close(results[1][0], results[0][0], what="rope")
+    assert_close(results[1][1], results[0][1], what="rope gradient")
+    backward = [graph for graph in klc.explain(step, x, cos, sin).graphs if graph.kind == "backward"][0]
+    assert len(backward.groups) == 1, [g.ops for g in backward.groups]
