@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 
-class _NoLaunch:
+class NoLaunch:
     """Stands in for ``launch.StaticLauncher``: the driver's launch, minus the launch. Integer
     tensors among the arguments are zeroed: an index a stubbed kernel would have computed is
     otherwise whatever the allocation held, and an ATen op reading it stops (T5's position buckets
@@ -62,7 +62,7 @@ def stub_launches() -> None:
 
     def first_launch(self, call, args, varying):
         call.kernel[call.grid](*args, **call.meta)
-        return gr.bound_launch(call, varying, _NoLaunch())
+        return gr.bound_launch(call, varying, NoLaunch())
 
     gr.GroupRunner.first_launch = first_launch
 

@@ -113,7 +113,7 @@ def multiplications_by_one(gm: fx.GraphModule) -> int:
     stays valid) and is not an output of the graph (an output must not be its input)."""
     count = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or fusion.target_name(node).removesuffix(".default") not in _BY_ONE:
+        if node.op != "call_function" or fusion.target_name(node) not in _BY_ONE:
             continue
         x, other = (node.args + (None,))[:2]
         if not (isinstance(x, fx.Node) and type(other) in (int, float) and other == 1 and not node.kwargs):
@@ -1019,9 +1019,16 @@ def casts_through_views(gm: fx.GraphModule, squeezes: bool = False) -> int:
     of its own (T5-base training: 64 cast and 72 copy kernels a step on the H100, where Inductor
     fuses the casts into the copies). A moved cast can meet the next view (a reshape then a
     transpose): the pass repeats until nothing moves."""
+    free_views = _PERMUTES + _SQUEEZES if squeezes else _PERMUTES
+    return _until_settled(lambda: _casts_through_views_once(gm, free_views))
+
+
+def _until_settled(one_pass, passes: int = 8) -> int:
+    """``one_pass()`` again while it rewrote something (at most ``passes`` times): a chain of views
+    is a few deep, and each pass moves an op past one of them. Returns the rewrites, summed."""
     total = 0
-    for _ in range(8):  # a chain of views is a few deep: each pass moves a cast past one of them
-        count = _casts_through_views_once(gm, _PERMUTES + _SQUEEZES if squeezes else _PERMUTES)
+    for _ in range(passes):
+        count = one_pass()
         total += count
         if not count:
             break
@@ -1057,26 +1064,25 @@ def pointwise_into_copies(gm: fx.GraphModule) -> int:
     kernel of its own before it. T5's backward added each cross-attention's key and value gradients
     to their cache's gradients, then sliced, transposed and copied the sum: two kernels each, where
     Inductor's one. Repeats until nothing moves (a slice then a transpose)."""
-    total = 0
-    for _ in range(8):
-        count = 0
-        for node in list(gm.graph.nodes):
-            view = _lone_view_into_copy(node)
-            if view is None:
-                continue
-            b = _Builder(gm, view, fusion.value(view))
-            try:
-                args = [b.op(view.target, a, *view.args[1:], **view.kwargs) if isinstance(a, fx.Node) else a
-                        for a in node.args]
-                moved = b.op(node.target, *args, **node.kwargs)
-            except RuntimeError:
-                continue
-            view.replace_all_uses_with(moved)
-            count += 1
-        total += _cleanup(gm, count)
-        if not count:
-            break
-    return total
+    return _until_settled(lambda: _pointwise_into_copies_once(gm))
+
+
+def _pointwise_into_copies_once(gm: fx.GraphModule) -> int:
+    count = 0
+    for node in list(gm.graph.nodes):
+        view = _lone_view_into_copy(node)
+        if view is None:
+            continue
+        b = _Builder(gm, view, fusion.value(view))
+        try:
+            args = [b.op(view.target, a, *view.args[1:], **view.kwargs) if isinstance(a, fx.Node) else a
+                    for a in node.args]
+            moved = b.op(node.target, *args, **node.kwargs)
+        except RuntimeError:
+            continue
+        view.replace_all_uses_with(moved)
+        count += 1
+    return _cleanup(gm, count)
 
 
 def _lone_view_into_copy(node) -> fx.Node | None:

@@ -123,7 +123,12 @@ def test_an_add_transposed_then_copied_is_computed_in_the_copys_kernel():
     """Square: a transpose keeps the shape, not the values. The add of an input, whose one use is
     the transpose that the copy reads, moves past the transpose (``rewrites.pointwise_into_copies``):
     the copy's kernel computes it, and the product with ``x`` joins it; one kernel, not two."""
-    groups = forward_groups(lambda x: (x + 1).t().contiguous() * x, torch.randn(8, 8))
+    def fn(x):
+        return (x + 1).t().contiguous() * x
+
+    x = torch.randn(8, 8)
+    torch.testing.assert_close(torch.compile(fn, backend="kernelab")(x), fn(x))
+    groups = forward_groups(fn, x)
     assert len(groups) == 1, groups
     assert sorted(n.name for n in groups[0].nodes if n.name != "clone") == ["add_tensor", "mul"]
 

@@ -49,7 +49,7 @@ def test_host_time_stub_zeroes_the_indices_it_leaves_unwritten():
     """``compiler_host_cpu.py`` stubs every launch: an index tensor a kernel would have computed
     keeps whatever its allocation held, and an ATen op reading it stops (T5's position buckets,
     "index out of range"). The stub zeroes integer arguments and leaves floating-point ones alone."""
-    stub = _script("compiler_host_cpu")._NoLaunch()
+    stub = _script("compiler_host_cpu").NoLaunch()
     idx, values = torch.full((3,), 99, dtype=torch.int64), torch.full((3,), 2.5)
     stub.launch((1, 1, 1), 0, (idx, values, 7))
     assert idx.tolist() == [0, 0, 0] and values.tolist() == [2.5, 2.5, 2.5]
