@@ -15,8 +15,10 @@ STAMP="$VENV/.kernelab-installed"
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     python -m pip install -q --upgrade pip
     # shellcheck disable=SC2086 - two pinned requirements
-    python -c "import torch, torchvision" 2>/dev/null || python -m pip install -q $TORCH_PIN
-    python -m pip install -q -e "$ROOT[dev]"
+    # --no-cache-dir: the CUDA build is ~5.5 GB unpacked; a cached copy of its wheels would need
+    # as much again, and a CI machine once ran out of disk there (Errno 28 during this install)
+    python -c "import torch, torchvision" 2>/dev/null || python -m pip install -q --no-cache-dir $TORCH_PIN
+    python -m pip install -q --no-cache-dir -e "$ROOT[dev]"
     touch "$STAMP"
 fi
 cd "$ROOT"
