@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from . import fusion, ops_table
 
-__all__ = ["one_hot_indexing", "multiplications_by_one", "pointwise_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
+__all__ = ["one_hot_indexing", "multiplications_by_one", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds",
            "inputs_in_row_space", "trailing_reductions_as_rows",
@@ -56,7 +56,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
             + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
             + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm) + broadcast_cats_expanded(gm)
-            + casts_through_views(gm, squeezes=True) + pointwise_into_copies(gm))
+            + casts_through_views(gm, squeezes=True) + permuted_trees_into_copies(gm) + pointwise_into_copies(gm))
 
 
 def common_subexpressions(gm: fx.GraphModule) -> int:
@@ -1083,6 +1083,65 @@ def _pointwise_into_copies_once(gm: fx.GraphModule) -> int:
         view.replace_all_uses_with(moved)
         count += 1
     return _cleanup(gm, count)
+
+
+def permuted_trees_into_copies(gm: fx.GraphModule) -> int:
+    """``clone(permute(f(...)))`` where ``f`` is a tree of elementwise ops and cats that only this
+    permute reads -> ``clone(f(permute(leaf) ...))``: the permute moves to the tree's leaves (a cat's
+    dim moves with it), so the whole tree is computed inside the copy's kernel, in the copy's index
+    order, instead of a kernel writing the tree's result and a second one reading it back transposed
+    (one write and one read of the whole tensor saved). Llama's backward computes each layer's RoPE
+    gradients for q and k as (B, H, S, D) and copies them transposed into (B, S, H*D) for the
+    projection's matmul: four kernels a layer, two after. A leaf of lower rank (a broadcast
+    operand) is first viewed at the tree's rank with leading 1s; nodes with other readers stay
+    where they are, read through the permute."""
+    count = 0
+    for copy in list(gm.graph.nodes):
+        permute = copy.args[0] if fusion.target_name(copy) == "aten.clone.default" else None
+        if not (isinstance(permute, fx.Node) and fusion.target_name(permute) == "aten.permute.default"
+                and len(permute.users) == 1 and _in_tree(permute.args[0])):
+            continue
+        b = _Builder(gm, permute, fusion.value(permute))
+        try:
+            moved = _permuted(b, permute.args[0], list(permute.args[1]))
+        except Exception:  # noqa: BLE001 - a tree this restatement does not cover: leave the graph
+            continue
+        permute.replace_all_uses_with(moved)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _in_tree(node) -> bool:
+    """A node ``permuted_trees_into_copies`` recomputes in permuted order: an elementwise op or a
+    cat, read only by the one node above it in the tree, of a static shape."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and len(node.users) == 1):
+        return False
+    val, name = fusion.value(node), fusion.target_name(node)
+    if not (isinstance(val, torch.Tensor) and fusion.static_shape(val)) or name == "aten.clone.default":
+        return False
+    elementwise = name in ops_table.POINTWISE and not any(isinstance(a, (list, tuple)) for a in node.args)
+    return (elementwise or fusion.is_cat(node)) and fusion.classify(node)[0] == "pointwise"
+
+
+def _permuted(b: _Builder, node: fx.Node, perm: list) -> fx.Node:
+    """``permute(node, perm)``, computed from permuted leaves where ``node`` is in the tree."""
+    rank, val = len(perm), fusion.value(node)
+    if not _in_tree(node) or val.dim() != rank:
+        if val.dim() < rank:  # a broadcast operand: the same values at the tree's rank
+            node = b.op(aten.view.default, node, [1] * (rank - val.dim()) + list(val.shape))
+        return b.op(aten.permute.default, node, perm)
+
+    def operand(a):
+        if not isinstance(a, fx.Node) or not isinstance(fusion.value(a), torch.Tensor) or fusion.value(a).dim() == 0:
+            return a  # numbers and single values broadcast alike in any order
+        if fusion.value(a).dim() > rank:
+            raise ValueError("an operand of higher rank than the tree")
+        return _permuted(b, a, perm)
+
+    if fusion.is_cat(node):
+        pieces = [_permuted(b, p, perm) for p in node.args[0]]
+        return b.op(node.target, pieces, perm.index(fusion.cat_dim(node)))
+    return b.op(node.target, *[operand(a) for a in node.args], **node.kwargs)
 
 
 def _lone_view_into_copy(node) -> fx.Node | None:

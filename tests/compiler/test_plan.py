@@ -133,6 +133,38 @@ def test_an_add_transposed_then_copied_is_computed_in_the_copys_kernel():
     assert sorted(n.name for n in groups[0].nodes if n.name != "clone") == ["add_tensor", "mul"]
 
 
+def test_a_rope_tree_transposed_then_copied_is_one_kernel():
+    """RoPE's gradient as Llama's backward computes it: a cat of the halves (one negated), products
+    with (S, D) tables that broadcast, a sum, all of shape (B, H, S, D), then transposed and copied
+    into (B, S, H, D) for the projection's matmul. Every op of the tree is read only by the next
+    one, so ``rewrites.permuted_trees_into_copies`` moves the transpose to the leaves (the cat's dim
+    with it) and the copy's kernel computes the tree: one kernel, where a tree kernel and a copy
+    were two. Values as eager's, for a non-square transpose (H != S)."""
+    def fn(g, sin, cos):
+        rotated = torch.cat([g[..., 8:], -g[..., :8]], dim=-1)
+        grad = rotated * sin + (g * 2.0) * cos
+        return grad.transpose(1, 2).contiguous().view(2, 6, 3 * 16)
+
+    g, sin, cos = torch.randn(2, 3, 6, 16), torch.randn(6, 16), torch.randn(6, 16)
+    torch.testing.assert_close(torch.compile(fn, backend="kernelab")(g, sin, cos), fn(g, sin, cos))
+    groups = forward_groups(fn, g, sin, cos)
+    assert len(groups) == 1, groups
+    assert any(n.name.startswith("cat") for n in groups[0].nodes), groups[0].nodes
+
+
+def test_a_tree_value_read_elsewhere_stays_and_is_read_transposed():
+    """A node of the tree with a second reader is not recomputed: it stays where it is (written
+    once) and the copy's kernel reads it through the transpose; the values stay eager's."""
+    def fn(a, b):
+        shared = a.sin() * b
+        return (shared + 1.0).transpose(1, 2).contiguous(), shared.sum(-1)
+
+    a, b = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    out, ref = torch.compile(fn, backend="kernelab")(a, b), fn(a, b)
+    torch.testing.assert_close(out, ref)
+    assert out[0].is_contiguous()
+
+
 def test_row_value_groups_merge_into_their_reduction():
     """rsqrt(var + eps) and the normalization land in one kernel with the statistics."""
     groups = forward_groups(lambda x, w: F.layer_norm(x, (32,), w, None), torch.randn(8, 32), torch.randn(32))
