@@ -36,8 +36,9 @@ def loads_of(group) -> list[Load]:
     loads = []
     per_value = "col" if group.kind == "column" else "row"
     for j, n in enumerate(group.nodes):
-        if fusion.is_cat(n):  # each piece read masked to its range of the cat's dim
-            loads += [Load(p, f"piece{j}.{k}") for k, (p, _, _) in enumerate(fusion.cat_pieces(n))]
+        if fusion.is_cat(n):  # each piece read masked to its range of the cat's dim (a fill: no read)
+            loads += [Load(p, f"piece{j}.{k}") for k, (p, _, _) in enumerate(fusion.cat_pieces(n))
+                      if not fusion.is_constant(p)]
             continue
         if fusion.is_gather(n):  # the source read at the indices; indices from memory right-aligned
             parts = fusion.gather_parts(n)
@@ -151,7 +152,10 @@ class Emitter:
         d = fusion.cat_dim(node)
         pieces = fusion.cat_pieces(node)
         j = self.group.nodes.index(node)
-        names = [self.names[p, f"piece{j}.{k}"] for k, (p, _, _) in enumerate(pieces)]
+        # a fill (a constant pad's value: ``rewrites.pads_as_cats``) is its literal, read from nowhere
+        want = compute_type(fusion.value(node).dtype)
+        names = [self.operand(p, want) if fusion.is_constant(p) else self.names[p, f"piece{j}.{k}"]
+                 for k, (p, _, _) in enumerate(pieces)]
         expr = names[-1]
         for name, (_, _, end) in zip(reversed(names[:-1]), reversed(pieces[:-1])):
             expr = f"tl.where(i{d} < {end}, {name}, {expr})"
@@ -291,6 +295,8 @@ def node_expression(em: Emitter, node) -> str:
             bound[key] = literal(value) if isinstance(value, (int, float, bool)) else repr(value)
     if name == "aten.div.Tensor_mode" and fusion.value(node).dtype in NARROW_FLOATS:
         bound["kl_narrow"] = tl_type(fusion.value(node).dtype)
+    if name == "aten.div.Tensor_mode" and not fusion.value(node).is_floating_point():
+        bound["kl_integer"] = True  # by a nonzero constant: fusion.integer_divisor
     expr = POINTWISE[name](bound)
     if name in ("prims.convert_element_type.default", "aten._to_copy.default"):
         expr = _convert(expr, fusion.value(node.args[0]).dtype, fusion.value(node).dtype)

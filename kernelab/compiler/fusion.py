@@ -235,6 +235,25 @@ def _bad_dtype(node) -> str:
 _ROUNDING = ("aten.floor.default", "aten.ceil.default", "aten.trunc.default", "aten.round.default")
 
 
+def integer_divisor(node):
+    """The divisor of an integer ``div(a, b, rounding_mode=...)`` when it is a nonzero integer
+    known when compiling (``perm // num_top_k`` in Hugging Face's MoE routing), else None: a
+    kernel computes that division exactly (``kl_math.int_div_floor``); a tensor divisor may be
+    zero, where ATen raises on the CPU."""
+    other = bound_args(node).get("other")
+    if isinstance(other, fx.Node):
+        if is_tensor_node(other) and value(other).dtype.is_floating_point:
+            return None
+        other = constant_value(other)
+    if isinstance(other, torch.Tensor):
+        other = other.item() if other.numel() == 1 and not other.dtype.is_floating_point else None
+    if isinstance(other, bool) or not isinstance(other, int) or other == 0:
+        return None
+    if value(node.args[0]).dtype == torch.bool:
+        return None
+    return other
+
+
 def _pointwise_refusal(node, name) -> str:
     args = bound_args(node)
     if not any(is_tensor_node(p) and not is_constant(p) for p in node.all_input_nodes):
@@ -251,8 +270,9 @@ def _pointwise_refusal(node, name) -> str:
         return f"{name.split('.')[1]} of integers is the identity: left to ATen"
     if _unsigned_meets_negative(node, args):
         return "a negative number with uint8 tensors: Triton refuses the mix, ATen wraps it to uint8"
-    if name == "aten.div.Tensor_mode" and not value(node).is_floating_point():
-        return "integer division with rounding: C and Python semantics differ"
+    if name == "aten.div.Tensor_mode" and not value(node).is_floating_point() and integer_divisor(node) is None:
+        return ("integer division with rounding by a tensor or by zero: ATen raises on a zero divisor, "
+                "a kernel could not")
     if name in ("aten.bitwise_not.default",) and value(node).dtype != torch.bool:
         return "bitwise_not of integers is not generated"
     if name in ("aten._to_copy.default",) and (args.get("device") not in (None, value(node).device)
@@ -306,8 +326,8 @@ def _cat_refusal(node) -> str:
     val, pieces = value(node), node.args[0]
     if not static_shape(val) or val.dim() == 0:
         return "a cat of symbolic sizes is not generated"
-    if len(pieces) < 2 or not all(is_tensor_node(p) and not is_constant(p) for p in pieces):
-        return "a cat of fewer than two tensors, or of constants, is not generated"
+    if len(pieces) < 2 or not all(is_tensor_node(p) for p in pieces) or all(is_constant(p) for p in pieces):
+        return "a cat of fewer than two tensors, or of constants only, is not generated"
     if any(value(p).dtype != val.dtype or value(p).dim() != val.dim() or not static_shape(value(p)) for p in pieces):
         return "a cat of pieces in other dtypes or ranks is not generated"
     return ""

@@ -77,6 +77,27 @@ def round_half_even(x):
 
 
 @triton.jit
+def int_div_floor(a, b):
+    """torch.div(a, b, rounding_mode="floor") of integers (Python's ``//``), whatever ``//`` and
+    ``%`` mean in the backend (C's truncation on the GPU; the interpreter may floor): with
+    q = a // b and r = a - q * b, a remainder whose sign is not b's means q was truncated
+    toward zero, one above the floor. b is a nonzero constant (``fusion`` refuses others)."""
+    q = a // b
+    r = a - q * b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def int_div_trunc(a, b):
+    """torch.div(a, b, rounding_mode="trunc") of integers (C's ``/``), whatever the backend's
+    ``//`` means: a remainder whose sign is not a's means q was floored, one below the
+    truncation. b is a nonzero constant."""
+    q = a // b
+    r = a - q * b
+    return tl.where((r != 0) & ((r < 0) != (a < 0)), q + 1, q)
+
+
+@triton.jit
 def div_floor(a, b):
     """torch.div(a, b, rounding_mode="floor") of floats, computed as ATen does (div_floor_floating):
     from the exact remainder fmod(a, b) (Triton's % of floats), not as floor(a / b), which rounds

@@ -111,6 +111,9 @@ def _div_mode(a):
     narrow = a.get("kl_narrow")
     if narrow and mode == "'trunc'":  # ATen divides two halves into a half, then truncates that
         q = f"({q}).to({narrow}).to(tl.float32)"
+    if a.get("kl_integer"):  # a nonzero constant divisor (fusion refuses others)
+        return {"'floor'": f"klm.int_div_floor({a['self']}, {a['other']})",
+                "'trunc'": f"klm.int_div_trunc({a['self']}, {a['other']})"}.get(mode)
     if a["other"] in _ZERO_DIVISORS:  # ATen: a / b where b is 0, in both modes
         return {"'floor'": q, "'trunc'": f"klm.trunc({q})"}.get(mode)
     return {"'floor'": f"klm.div_floor({a['self']}, {a['other']})", "'trunc'": f"klm.trunc({q})"}.get(mode)

@@ -7,6 +7,8 @@ column index, which a row kernel evaluates for free while the row is in register
     gather(x, -1, idx)            = sum(where(arange(N) == idx, x, 0), -1, keepdim=True)
     scatter(self, -1, idx, src)   = where(arange(N) == idx, src, self)
 
+and a scatter of k <= 8 values a row (a top-k's backward) is k such wheres, one per index column.
+
 With it the whole cross-entropy forward (log-softmax and the picked logit) is one row kernel that
 never writes the (rows, vocab) log-probabilities, and its backward one more: Inductor's two
 kernels, instead of a log-softmax written in float32, an ATen gather, a zero fill and an ATen
@@ -29,7 +31,7 @@ import torch.fx as fx
 
 from . import fusion, ops_table
 
-__all__ = ["one_hot_indexing", "multiplications_by_one", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
+__all__ = ["one_hot_indexing", "multiplications_by_one", "pads_as_cats", "slices_through_cats", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds",
            "inputs_in_row_space", "trailing_reductions_as_rows",
@@ -47,7 +49,8 @@ def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
     return (common_subexpressions(gm) + multiplications_by_one(gm) + cuda_clamps_without_nan_bounds(gm)
             + batch_norms_in_place(gm)
-            + fills_without_inputs(gm) + cats_without_empties(gm) + scatters_as_cats(gm)
+            + fills_without_inputs(gm) + cats_without_empties(gm) + pads_as_cats(gm) + slices_through_cats(gm)
+            + scatters_as_cats(gm)
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
             + batch_norm_statistics_as_rows_then_columns(gm)
             + full_reductions_as_rows(gm) + middle_dims_kept_as_rows_then_columns(gm)
@@ -910,6 +913,100 @@ def cats_without_empties(gm: fx.GraphModule) -> int:
     return _cleanup(gm, count)
 
 
+def pads_as_cats(gm: fx.GraphModule) -> int:
+    """``constant_pad_nd(x, pads, v)`` of one dim, with no negative pad -> ``cat([full(v), x,
+    full(v)], d)``: a cat whose fills are literals (``emit.cat_expression``), computed in the
+    kernel that reads it instead of ATen's pad kernel writing the padded copy. Every Hugging Face
+    causal LM's loss shifts its labels so: ``pad(labels, (0, 1), value=-100)[..., 1:]``, which
+    ``slices_through_cats`` then trims to the labels' own slice and one column of -100."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.constant_pad_nd.default:
+            continue
+        x, pads = node.args[0], list(node.args[1])
+        value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+        val = fusion.value(node)
+        if not (isinstance(x, fx.Node) and isinstance(val, torch.Tensor) and hasattr(val, "fake_mode")
+                and fusion.static_shape(val) and all(isinstance(p, int) and p >= 0 for p in pads)
+                and isinstance(value, (int, float)) and val.dtype in fusion.SUPPORTED_DTYPES):
+            continue
+        if sum(1 for k in range(len(pads) // 2) if pads[2 * k] or pads[2 * k + 1]) != 1:
+            continue  # one padded dim: two would be a cat of a cat, whose inner one is written first
+        k = next(k for k in range(len(pads) // 2) if pads[2 * k] or pads[2 * k + 1])
+        lo, hi, d = pads[2 * k], pads[2 * k + 1], val.dim() - 1 - k
+        shape = list(fusion.value(x).shape)
+        b = _Builder(gm, node, val)
+        try:
+            fills = [b.op(aten.full.default, shape[:d] + [n] + shape[d + 1:], value, dtype=val.dtype,
+                          device=val.device) if n else None for n in (lo, hi)]
+            padded = b.op(aten.cat.default, [p for p in (fills[0], x, fills[1]) if p is not None], d)
+        except Exception:  # noqa: BLE001 - a value the dtype cannot hold (NaN into integers): ATen's pad
+            continue
+        node.replace_all_uses_with(padded)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def slices_through_cats(gm: fx.GraphModule) -> int:
+    """``slice(cat(pieces, d), d, start, end)`` -> the cat of the pieces' parts in [start, end)
+    (a fill: a smaller fill), or that one part alone; a slice along another dim slices every
+    piece. Only for a cat the slice alone reads (else the cat would be computed twice)."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        cat = node.args[0] if node.op == "call_function" and node.target is aten.slice.Tensor else None
+        if not (fusion.is_cat(cat) and len(cat.users) == 1 and fusion.static_shape(fusion.value(node))):
+            continue
+        val = fusion.value(node)
+        dim, start, end, step = (list(node.args[1:]) + [0, 0, None, 1][len(node.args) - 1:])[:4]
+        dim = dim % val.dim()
+        size = fusion.value(cat).shape[dim]
+        start, end = _clamped(start, size, 0), _clamped(end, size, size)
+        if step != 1:
+            continue
+        b = _Builder(gm, node, val)
+        try:
+            parts = _sliced_pieces(b, cat, dim, start, end)
+            new = parts[0] if len(parts) == 1 else b.op(aten.cat.default, parts, fusion.cat_dim(cat))
+        except Exception:  # noqa: BLE001 - pieces this restatement does not cover: leave it
+            continue
+        node.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _clamped(i, size: int, default: int) -> int:
+    """A slice bound as ATen takes it: None the default, negative from the end, clamped to [0, size]."""
+    if i is None:
+        return default
+    return min(max(i + size if i < 0 else i, 0), size)
+
+
+def _sliced_pieces(b: _Builder, cat: fx.Node, dim: int, start: int, end: int) -> list:
+    """The parts of ``cat``'s pieces that ``slice(cat, dim, start, end)`` keeps."""
+    if dim != fusion.cat_dim(cat):
+        return [_slice_of(b, p, dim, start, end) for p in cat.args[0]]
+    parts = []
+    for piece, lo, hi in fusion.cat_pieces(cat):
+        a, z = max(start, lo), min(end, hi)
+        if a < z:
+            parts.append(_slice_of(b, piece, dim, a - lo, z - lo))
+    if not parts:
+        raise ValueError("an empty slice")
+    return parts
+
+
+def _slice_of(b: _Builder, piece: fx.Node, dim: int, start: int, end: int) -> fx.Node:
+    """``piece[start:end]`` along ``dim``: the piece itself when whole, a smaller fill for a fill."""
+    val = fusion.value(piece)
+    if start == 0 and end == val.shape[dim]:
+        return piece
+    if piece.target is aten.full.default and fusion.is_constant(piece):
+        shape = list(val.shape)
+        shape[dim] = end - start
+        return b.op(aten.full.default, shape, *piece.args[1:], **piece.kwargs)
+    return b.op(aten.slice.Tensor, piece, dim, start, end)
+
+
 def scatters_as_cats(gm: fx.GraphModule) -> int:
     """``slice_scatter(zeros, a, d, 0, m) + slice_scatter(zeros, b, d, m, n)`` -> ``cat([a, b], d)``:
     the backward of a ``cat`` of two slices (RoPE's ``rotate_half``: two per layer, for q and k).
@@ -1647,8 +1744,13 @@ def one_hot_indexing(gm: fx.GraphModule) -> int:
     return _cleanup(gm, rewritten)
 
 
+#: a scatter of at most this many values a row is restated as that many comparisons
+_SCATTERED_PER_ROW = 8
+
+
 def _eligible(node, source, index) -> bool:
-    """One index per row along the last dim of a floating-point tensor with static sizes."""
+    """One index per row (a scatter: a few) along the last dim of a floating-point tensor with
+    static sizes."""
     val, idx = fusion.value(source), fusion.value(index)
     if not (isinstance(val, torch.Tensor) and isinstance(idx, torch.Tensor) and hasattr(val, "fake_mode")):
         return False
@@ -1657,7 +1759,10 @@ def _eligible(node, source, index) -> bool:
     if idx.dim() != val.dim() or not all(isinstance(s, int) for s in (*val.shape, *idx.shape)):
         return False
     dim = node.args[1] % val.dim()
-    if dim != val.dim() - 1 or idx.shape[-1] != 1 or tuple(idx.shape[:-1]) != tuple(val.shape[:-1]):
+    # a gather picks one value a row; a scatter may place up to _SCATTERED_PER_ROW (a top-k's
+    # backward puts k gradients a row back among the experts: Mixtral's router, k = 2)
+    per_row = _SCATTERED_PER_ROW if node.target in (aten.scatter.value, aten.scatter.src) else 1
+    if dim != val.dim() - 1 or not 1 <= idx.shape[-1] <= per_row or tuple(idx.shape[:-1]) != tuple(val.shape[:-1]):
         return False
     if node.kwargs.get("sparse_grad") or node.kwargs.get("reduce") or len(node.args) > 4:
         return False
@@ -1773,9 +1878,18 @@ def _rewrite_scatter(gm, node) -> None:
     val = fusion.value(base)
     n = val.shape[-1]
     b = _Builder(gm, node, val)
+    k = fusion.value(index).shape[-1]
     if node.target is aten.scatter.value:
         src = b.scalar(src, val.dtype)
-    hit = b.op(aten.eq.Tensor, b.columns(n), index)
-    scattered = b.op(aten.where.self, hit, src, base)
-    result = b.op(aten.where.self, b.in_range(index, n), scattered, b.scalar(float("nan"), val.dtype))
+    columns, scattered, in_range = b.columns(n), base, None
+    # k indices a row: the j-th value where the column is the j-th index; a later j wins a column
+    # two indices name, as ATen's CPU loop writes them in order (CUDA's order is unspecified)
+    for j in range(k):
+        index_j = index if k == 1 else b.op(aten.slice.Tensor, index, -1, j, j + 1)
+        src_j = src if k == 1 or not isinstance(src, fx.Node) or fusion.value(src).dim() == 0 else \
+            b.op(aten.slice.Tensor, src, -1, j, j + 1)
+        scattered = b.op(aten.where.self, b.op(aten.eq.Tensor, columns, index_j), src_j, scattered)
+        inside = b.in_range(index_j, n)
+        in_range = inside if in_range is None else b.op(aten.logical_and.default, in_range, inside)
+    result = b.op(aten.where.self, in_range, scattered, b.scalar(float("nan"), val.dtype))
     node.replace_all_uses_with(result)

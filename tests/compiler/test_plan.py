@@ -165,6 +165,26 @@ def test_a_tree_value_read_elsewhere_stays_and_is_read_transposed():
     assert out[0].is_contiguous()
 
 
+def test_moe_routings_token_of_each_sorted_slot_is_generated():
+    """Hugging Face's grouped-MM experts read ``hidden[perm // top_k]`` and ``weights[perm]``: the
+    integer division by a constant is generated (exactly, floored as Python's ``//``:
+    ``kl_math.int_div_floor``) in the kernel of the gather of its own shape (the routing
+    weights'); it was an ATen kernel of its own ("integer division with rounding"): 2 kernels
+    where 3 were. A tensor divisor, which may be zero, stays ATen's."""
+    def fn(x, w, ids):
+        perm = torch.sort(ids).indices
+        return x[perm // 2] * w[perm].unsqueeze(-1)
+
+    x, w, ids = torch.randn(8, 4), torch.rand(16), torch.randint(0, 4, (16,))
+    torch.testing.assert_close(torch.compile(fn, backend="kernelab")(x, w, ids), fn(x, w, ids))
+    groups = forward_groups(fn, x, w, ids)
+    divisions = [n for g in groups for n in g.nodes if n.target is torch.ops.aten.div.Tensor_mode]
+    assert len(groups) == 2 and len(divisions) == 1, groups
+    plan = klc.explain(lambda a, b: torch.div(a, b, rounding_mode="floor") + 1,
+                       torch.arange(-6, 6), torch.full((12,), 3))
+    assert "a tensor or by zero" in str(plan), plan
+
+
 def test_row_value_groups_merge_into_their_reduction():
     """rsqrt(var + eps) and the normalization land in one kernel with the statistics."""
     groups = forward_groups(lambda x, w: F.layer_norm(x, (32,), w, None), torch.randn(8, 32), torch.randn(32))

@@ -248,6 +248,77 @@ def test_scatter_of_one_value_per_row():
     assert_close(torch.compile(put, backend="kernelab")(x, idx, src), put(x, idx, src), what="scatter")
 
 
+def test_a_top_k_backward_scatters_its_k_gradients_in_the_softmax_kernel():
+    """Mixtral's router: softmax, top-2, then the weights' gradient goes back among the experts
+    by ``zeros.scatter(-1, indices, grad)``, two values a row. Restated as two comparisons with
+    the column index (``one_hot_indexing``), the scatter joins the softmax backward's row kernel
+    instead of running as ATen's scatter (a kernel, and its zero fill, a layer)."""
+    def route(logits):
+        weights, _ = torch.topk(torch.softmax(logits, -1), 2, dim=-1)
+        return (weights * torch.tensor([1.0, 3.0])).sum()
+
+    logits = _r(12, 8, grad=True)
+    (expected, ref_grad), (actual, grad) = _loss_and_grad(route, logits)
+    assert_close(actual, expected, what="loss")
+    assert_close(grad, ref_grad, what="gradient")
+    torch._dynamo.reset()
+    plan = klc.explain(lambda x: route(x).backward(), logits.detach().clone().requires_grad_())
+    backward = [gp for gp in plan.graphs if gp.kind == "backward"]
+    assert backward and not [e for gp in backward for e in gp.eager if e[1].startswith("aten.scatter")], backward
+
+
+def test_a_scatter_of_several_values_a_row_matches_atens_cpu_order():
+    """Two indices naming one column: the later value wins, as ATen's CPU loop writes them; an
+    index outside the row gives that row NaN (eager stops), never a plausible value."""
+    def put(x, idx, src):
+        return x.scatter(-1, idx, src) * 2 + x.scatter(-1, idx, 3.0)
+
+    x, src = _r(4, 9), _r(4, 3, seed=1)
+    idx = torch.tensor([[0, 0, 2], [8, 1, 3], [3, 3, 3], [5, 6, 7]])
+    assert_close(torch.compile(put, backend="kernelab")(x, idx, src), put(x, idx, src), what="scatter")
+    plan = klc.explain(put, x, idx, src)
+    assert not any(op.startswith("aten.scatter") for graph in plan.graphs for _, op, _ in graph.eager)
+    bad = idx.clone()
+    bad[1, 2] = 9
+    out = torch.compile(put, backend="kernelab")(x, bad, src)
+    assert torch.isnan(out[1]).all() and not torch.isnan(out[[0, 2, 3]]).any()
+
+
+_PADS = {
+    "hf_shifted_labels": (lambda x: F.pad(x, (0, 1), value=-100)[..., 1:].contiguous() * 1,
+                          lambda: torch.randint(0, 50, (3, 7))),
+    "both_sides": (lambda x: F.pad(x, (2, 3), value=1.5) * 2, lambda: _r(2, 3, 4)),
+    "middle_dim": (lambda x: F.pad(x, (0, 0, 1, 2), value=-1.0) + x.sum(), lambda: _r(2, 3, 4)),
+    "sliced_back": (lambda x: F.pad(x, (1, 1))[..., 1:-1] + 1, lambda: _r(5, 6)),
+    "sliced_into_the_fill": (lambda x: F.pad(x, (3, 0))[:, :2] + 1, lambda: _r(5, 6)),
+    "nan_fill": (lambda x: F.pad(x, (1, 2), value=float("nan")) + 1, lambda: _r(5, 6)),
+    "half": (lambda x: F.pad(x, (1, 2), value=7) + 1, lambda: _r(5, 6).half()),
+    "bool": (lambda x: F.pad(x, (0, 2), value=1), lambda: _r(5, 6) > 0),
+    "transposed": (lambda x: F.pad(x.t(), (1, 0), value=2.0) * 3, lambda: _r(5, 6)),
+}
+
+
+@pytest.mark.parametrize("name", list(_PADS))
+def test_a_constant_pad_of_one_dim_is_generated(name):
+    """``F.pad`` of one dim is a cat whose fills are literals (``rewrites.pads_as_cats``), and a
+    slice of it keeps only the parts it reads (``slices_through_cats``): no ATen pad kernel. The
+    loss of every Hugging Face causal LM shifts its labels so (``hf_shifted_labels``)."""
+    fn, make = _PADS[name]
+    x = make()
+    torch.testing.assert_close(torch.compile(fn, backend="kernelab")(x), fn(x), equal_nan=True)
+    plan = klc.explain(fn, x)
+    assert not any(op == "aten.constant_pad_nd.default" for _, op, _ in plan.graphs[0].eager), plan
+
+
+def test_a_pad_of_two_dims_stays_atens():
+    """Two padded dims would be a cat of a cat, the inner one written to memory first: ATen's one
+    pad kernel is kept (values as eager's)."""
+    fn = lambda x: F.pad(x, (1, 1, 1, 1), value=0.5) * 2  # noqa: E731
+    x = _r(3, 4)
+    torch.testing.assert_close(torch.compile(fn, backend="kernelab")(x), fn(x), rtol=0, atol=0)
+    assert any(op == "aten.constant_pad_nd.default" for _, op, _ in klc.explain(fn, x).graphs[0].eager)
+
+
 def test_upcast_logits_are_never_written_in_float32():
     """HF's loss: ``logits.float().view(-1, V)`` then cross-entropy. The cast moves below the view
     into the loss kernel (forward) and the gradient's cast back above its view (backward): no
