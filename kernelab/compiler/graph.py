@@ -27,12 +27,13 @@ Three kinds of group:
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 
-from . import fusion, layout, rewrites
+from . import fusion, layout, rewrites, views
 
 __all__ = ["Group", "Partition", "partition", "absorb_copies"]
 
@@ -164,6 +165,7 @@ class _State:
         self.refusals: list = []
         self.columns: dict = {}  # column cluster id -> Group
         self.index = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.root_readers: dict = {}  # an ATen value or input -> groups reading it through views
 
     def place(self, node: fx.Node) -> None:
         if COLUMN_TAG in node.meta:
@@ -223,7 +225,9 @@ class _State:
 
     def _sharing_groups(self, node):
         """Groups that already read one of ``node``'s inputs: joining one reads that input once
-        (layer norm's mean and variance of x, x.sin() and x.cos())."""
+        (layer norm's mean and variance of x, x.sin() and x.cos()); then groups reading other
+        views of the same ATen value or input (GPT-2's key and value, two slices of one qkv
+        product, each transposed and copied into the cache: one kernel for both, as Inductor's)."""
         seen = self._producer_groups(node)
         out = []
         for p in node.all_input_nodes:
@@ -233,6 +237,10 @@ class _State:
                 g = self.group_of.get(user)
                 if g is not None and g not in seen and g not in out:
                     out.append(g)
+        for p in node.all_input_nodes:
+            for g in self.root_readers.get(_memory_root(p), ()):
+                if g in self.groups and g not in seen and g not in out:
+                    out.append(g)
         return out
 
     def _add(self, group: Group, node, role: str) -> None:
@@ -241,6 +249,12 @@ class _State:
         group.nodes.append(node)
         group.roles[node] = role
         self.group_of[node] = group
+        for p in node.all_input_nodes:
+            root = _memory_root(p)
+            if root is not p and root not in self.group_of and not fusion.is_constant(root):
+                readers = self.root_readers.setdefault(root, [])
+                if group not in readers:
+                    readers.append(group)
 
     def _merge_siblings(self, group: Group, node) -> None:
         """Pointwise groups feeding ``node`` join its group when their shape fits: the same shape
@@ -305,6 +319,20 @@ class _State:
             seen.add(n)
             stack.extend(n.all_input_nodes)
         return False
+
+
+def _memory_root(node):
+    """The value whose memory ``node`` is, through views and the pieces of a split."""
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        src = node.args[0] if node.args else None
+        if node.target is operator.getitem and isinstance(src, fx.Node) and src.op == "call_function" \
+                and views.aliases_its_input(src):
+            node = src.args[0]
+        elif node.target is not operator.getitem and views.aliases_its_input(node) and isinstance(src, fx.Node):
+            node = src
+        else:
+            break
+    return node
 
 
 def _stays_pointwise(group: Group) -> bool:

@@ -61,6 +61,10 @@ class GraphRunner:
     #: the inputs' layouts at the first call, which the specialized runner checks on every call
     #: (None: not recorded yet; False: no specialization for this graph)
     first_layouts: object = None
+    #: ``views.view_chains`` of this runner, made once: the first runner's calls record each
+    #: chain's alias, which the specialized runner then writes out (a second set of chains, made
+    #: for it, had recorded nothing: every view of every call went through ``ViewChain.__call__``)
+    chains: object = None
 
     @classmethod
     def build(cls, gm: fx.GraphModule, part, interpret: bool, visible_outputs: int | None = None,
@@ -337,7 +341,9 @@ def _straight_line(runner: "GraphRunner", fast: dict | None = None):
     defined = set(runner.placeholders) | set(runner.attrs)
     for n, value in runner.attrs.items():
         scope[names[n]] = value  # a global of the function: read, never assigned or deleted
-    chains, elided = view_chains(runner)
+    if runner.chains is None:
+        runner.chains = view_chains(runner)
+    chains, elided = runner.chains
     statements = []  # (line, values it reads, values it defines)
     streams: dict = {}  # device index -> (its stream function, the local holding its stream) (``fast``)
     try:

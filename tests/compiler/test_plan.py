@@ -185,6 +185,26 @@ def test_moe_routings_token_of_each_sorted_slot_is_generated():
     assert "a tensor or by zero" in str(plan), plan
 
 
+def test_key_and_value_copies_of_one_product_are_one_kernel():
+    """GPT-2's attention splits one qkv product and copies the key and the value, each
+    transposed, into the KV cache: two copies of two slices of one ATen value. A group reading
+    another view of the same memory is a sharing group (``graph._memory_root``), so both copies
+    are one kernel with two outputs, as Inductor's; the query's product, of another shape,
+    stays apart. Values and layouts as eager's."""
+    def fn(qkv):
+        q, k, v = qkv.split(32, dim=2)
+        k = k.view(2, 8, 4, 8).transpose(1, 2).contiguous()
+        v = v.view(2, 8, 4, 8).transpose(1, 2).contiguous()
+        return q * 2, k, v
+
+    x = torch.randn(2, 8, 96)
+    for got, want in zip(torch.compile(fn, backend="kernelab")(x), fn(x)):
+        assert torch.equal(got, want) and got.stride() == want.stride()
+    groups = forward_groups(fn, x)
+    copies = [g for g in groups if g.name == "kl_fused_copy"]
+    assert len(groups) == 2 and len(copies) == 1 and len(copies[0].nodes) == 2, groups
+
+
 def test_row_value_groups_merge_into_their_reduction():
     """rsqrt(var + eps) and the normalization land in one kernel with the statistics."""
     groups = forward_groups(lambda x, w: F.layer_norm(x, (32,), w, None), torch.randn(8, 32), torch.randn(32))
@@ -498,7 +518,9 @@ def test_full_reductions_become_rows_of_their_kernel():
     # (one lambda a line: dynamo keys its automatic dynamic shapes by file, line and name)
     assert len(klc.plan_kernels(lambda x: x.sum() * 2, (x1,), {})) == 1
     assert len(klc.plan_kernels(lambda x: (x * 3).mean(), (x1,), {})) == 1
-    assert len(klc.plan_kernels(lambda x: x.amax() - x.amin(), (x2,), {})) == 2  # two reductions, two rows
+    # two reductions of one row, each over its own flat view of x: one kernel (the views share
+    # their memory, so the second joins the first's group: graph._State._sharing_groups)
+    assert _names(klc.plan_kernels(lambda x: x.amax() - x.amin(), (x2,), {})) == ["kl_fused_amax_amin_sub"]
     # of a 2-D pointwise chain, the chain runs on the flat view as the row's prologue
     # (rewrites.prologues_in_row_space; it was a kernel of its own, the flat view its boundary)
     assert _names(klc.plan_kernels(lambda x: (x * 3).mean(), (x2,), {})) == ["kl_fused_mul_mean"]
