@@ -65,17 +65,27 @@ def _step(model, x):
     return out.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
-def test_training_steps_run_the_specialized_lines_and_match_eager(bound, built_runners):
+def _compiled_block():
+    """(compiled block, its input, a step of it): the step runs the compiled block and checks
+    its output and gradients against the eager block's."""
     torch.manual_seed(0)
     model = _Block()
     compiled = torch.compile(model, backend="kernelab")
     x = torch.randn(3, 5, 48)
     want_out, want_grads = _step(model, x)
-    for step in range(3):
+
+    def checked_step():
         out, grads = _step(compiled, x)
         torch.testing.assert_close(out, want_out, rtol=2e-5, atol=2e-6)
         for g, w in zip(grads, want_grads):
             torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-6)
+    return checked_step
+
+
+def test_training_steps_run_the_specialized_lines_and_match_eager(bound, built_runners):
+    checked_step = _compiled_block()
+    for step in range(3):
+        checked_step()
     runners = [r for r in built_runners if r.group_runners]
     assert runners and all(r.fast is not None for r in runners), "no runner specialized"
     assert sum(r.fast_groups for r in runners) == sum(len(r.group_runners) for r in runners)
@@ -91,20 +101,13 @@ def test_recorded_view_chains_are_aliases_in_the_specialized_runner(bound, built
     nothing: tiny Llama's step replayed 181 chains a step that way). Values as eager's."""
     from kernelab.compiler import views
 
-    torch.manual_seed(0)
-    model = _Block()
-    compiled = torch.compile(model, backend="kernelab")
-    x = torch.randn(3, 5, 48)
-    want_out, want_grads = _step(model, x)
+    checked_step = _compiled_block()
     for _ in range(2):
-        _step(compiled, x)
+        checked_step()
     replayed = []
     real_call = views.ViewChain.__call__
     monkeypatch.setattr(views.ViewChain, "__call__", lambda self, root: replayed.append(self) or real_call(self, root))
-    out, grads = _step(compiled, x)
-    torch.testing.assert_close(out, want_out, rtol=2e-5, atol=2e-6)
-    for g, w in zip(grads, want_grads):
-        torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-6)
+    checked_step()
     runners = [r for r in built_runners if r.group_runners]
     assert runners and all(r.fast is not None for r in runners)
     assert sum(len(views.view_chains(r)[0]) for r in runners) > 0, "no chain of views in the block's graphs"
