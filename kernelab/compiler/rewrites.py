@@ -31,7 +31,7 @@ import torch.fx as fx
 
 from . import fusion, ops_table
 
-__all__ = ["one_hot_indexing", "multiplications_by_one", "pads_as_cats", "slices_through_cats", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
+__all__ = ["one_hot_indexing", "multiplications_by_one", "unsqueezed_repeats", "pads_as_cats", "slices_through_cats", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds",
            "inputs_in_row_space", "trailing_reductions_as_rows",
@@ -47,7 +47,7 @@ prims = torch.ops.prims
 
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
-    return (common_subexpressions(gm) + multiplications_by_one(gm) + cuda_clamps_without_nan_bounds(gm)
+    return (common_subexpressions(gm) + unsqueezed_repeats(gm) + multiplications_by_one(gm) + cuda_clamps_without_nan_bounds(gm)
             + batch_norms_in_place(gm)
             + fills_without_inputs(gm) + cats_without_empties(gm) + pads_as_cats(gm) + slices_through_cats(gm)
             + scatters_as_cats(gm)
@@ -82,6 +82,70 @@ def common_subexpressions(gm: fx.GraphModule) -> int:
         gm.graph = graph
         gm.recompile()
     return max(removed, 0)
+
+
+def unsqueezed_repeats(gm: fx.GraphModule) -> int:
+    """``op(unsqueeze(a, d), unsqueeze(b, d))`` where ``op(a, b)`` is computed already ->
+    ``unsqueeze(op(a, b), d)``: the same values, a view instead of a second kernel. Cross-entropy
+    with ``ignore_index`` computes its targets' clamp ``where(t != -100, t, 0)`` for the forward,
+    then again on ``t.unsqueeze(1)`` for the backward (Hugging Face's causal-LM loss: a kernel of
+    its own in every training step). Elementwise ops only, every tensor operand of the result's
+    rank before the unsqueeze (a broadcast would change with it); single values pass as they are."""
+    known = {}
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        found = _unsqueezed_repeat(node, known)
+        if found is None:
+            known.setdefault(_op_key(node), node)
+            continue
+        done, dim = found
+        b = _Builder(gm, node, fusion.value(node))
+        view = b.op(aten.unsqueeze.default, done, dim)
+        node.replace_all_uses_with(view)
+        known.setdefault(_op_key(view), view)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _op_key(node) -> tuple | None:
+    try:
+        key = (node.target, tuple(node.args), tuple(sorted(node.kwargs.items())))
+        hash(key)
+        return key
+    except TypeError:  # a list among the arguments
+        return None
+
+
+def _unsqueezed_repeat(node, known: dict) -> tuple | None:
+    """(the op computed already, the unsqueeze's dim) where ``node`` repeats it on unsqueezed
+    operands, else None."""
+    val = fusion.value(node)
+    if fusion.target_name(node) not in ops_table.POINTWISE or not isinstance(val, torch.Tensor) or \
+            any(isinstance(a, (list, tuple)) for a in node.args):
+        return None
+    dims, args = set(), []
+    for a in node.args:
+        if isinstance(a, fx.Node) and isinstance(fusion.value(a), torch.Tensor) and fusion.value(a).dim() > 0:
+            if a.target is not aten.unsqueeze.default or fusion.value(a.args[0]).dim() != val.dim() - 1:
+                return None
+            dims.add(a.args[1] % val.dim())
+            args.append(a.args[0])
+        else:
+            args.append(a)
+    if len(dims) != 1:
+        return None
+    key = _op_key(node)
+    done = known.get((node.target, tuple(args), key[2])) if key is not None else None
+    if done is None:
+        return None
+    dim = dims.pop()
+    have = fusion.value(done)
+    if not (isinstance(have, torch.Tensor) and have.dtype == val.dtype and have.dim() == val.dim() - 1
+            and tuple(have.unsqueeze(dim).shape) == tuple(val.shape)):
+        return None
+    return done, dim
 
 
 def _repeats(graph: fx.Graph) -> bool:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import kernelab.compiler as klc
 from kernelab.compiler import fusion
 from tests.compiler.conftest import assert_close
+from tests.compiler.test_golden import forward_groups
 
 
 def _r(*shape, seed=0, grad=False):
@@ -317,6 +318,30 @@ def test_a_pad_of_two_dims_stays_atens():
     x = _r(3, 4)
     torch.testing.assert_close(torch.compile(fn, backend="kernelab")(x), fn(x), rtol=0, atol=0)
     assert any(op == "aten.constant_pad_nd.default" for _, op, _ in klc.explain(fn, x).graphs[0].eager)
+
+
+def test_an_op_repeated_on_unsqueezed_operands_is_a_view_of_the_first():
+    """Cross-entropy with ``ignore_index`` clamps its targets ``where(t != -100, t, 0)`` for the
+    forward and again on ``t.unsqueeze(1)`` for the backward: ``rewrites.unsqueezed_repeats``
+    makes the second an unsqueeze of the first (one kernel computes the clamp, where two did).
+    An operand that would broadcast otherwise once unsqueezed is left alone."""
+    def clamps(t):
+        first = torch.where(t != -100, t, 0)
+        again = torch.where(t.unsqueeze(1) != -100, t.unsqueeze(1), 0)
+        return first * 3, again
+
+    t = torch.tensor([4, -100, 7, 0, -100, 2])
+    for got, want in zip(torch.compile(clamps, backend="kernelab")(t), clamps(t)):
+        assert torch.equal(got, want)
+    groups = forward_groups(clamps, t)
+    assert sum(fusion.short_name(n) == "where" for g in groups for n in g.nodes) == 1, groups
+
+    def broadcasting(a, b):  # (4,) with (3, 4): unsqueezed, (4, 1) with (3, 1, 4) is another shape
+        return a + b, a.unsqueeze(1) + b.unsqueeze(1)
+
+    a, b = _r(4), _r(3, 4, seed=1)
+    for got, want in zip(torch.compile(broadcasting, backend="kernelab")(a, b), broadcasting(a, b)):
+        torch.testing.assert_close(got, want)
 
 
 def test_upcast_logits_are_never_written_in_float32():
