@@ -123,7 +123,8 @@ def _unsqueezed_repeat(node, known: dict) -> tuple | None:
     operands, else None."""
     val = fusion.value(node)
     if fusion.target_name(node) not in ops_table.POINTWISE or not isinstance(val, torch.Tensor) or \
-            any(isinstance(a, (list, tuple)) for a in node.args):
+            any(isinstance(a, (list, tuple)) for a in node.args) or \
+            any(isinstance(v, fx.Node) for v in node.kwargs.values()):
         return None
     dims, args = set(), []
     for a in node.args:
@@ -1281,7 +1282,9 @@ def _in_tree(node) -> bool:
     if not (isinstance(val, torch.Tensor) and fusion.static_shape(val)) or name == "aten.clone.default":
         return False
     elementwise = name in ops_table.POINTWISE and not any(isinstance(a, (list, tuple)) for a in node.args)
-    return (elementwise or fusion.is_cat(node)) and fusion.classify(node)[0] == "pointwise"
+    # (a tensor among the keyword arguments, clamp's min=t, would not be permuted with the rest)
+    by_keyword = any(isinstance(v, fx.Node) for v in node.kwargs.values())
+    return (elementwise or fusion.is_cat(node)) and not by_keyword and fusion.classify(node)[0] == "pointwise"
 
 
 def _permuted(b: _Builder, node: fx.Node, perm: list) -> fx.Node:
