@@ -27,7 +27,6 @@ Three kinds of group:
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -165,6 +164,7 @@ class _State:
         self.refusals: list = []
         self.columns: dict = {}  # column cluster id -> Group
         self.index = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.roots = views.alias_roots(gm)  # node -> the value whose memory it is
         self.root_readers: dict = {}  # an ATen value or input -> groups reading it through views
 
     def place(self, node: fx.Node) -> None:
@@ -238,7 +238,7 @@ class _State:
                 if g is not None and g not in seen and g not in out:
                     out.append(g)
         for p in node.all_input_nodes:
-            for g in self.root_readers.get(_memory_root(p), ()):
+            for g in self.root_readers.get(self.roots.get(p, p), ()):
                 if g in self.groups and g not in seen and g not in out:
                     out.append(g)
         return out
@@ -250,7 +250,7 @@ class _State:
         group.roles[node] = role
         self.group_of[node] = group
         for p in node.all_input_nodes:
-            root = _memory_root(p)
+            root = self.roots.get(p, p)
             if root is not p and root not in self.group_of and not fusion.is_constant(root):
                 readers = self.root_readers.setdefault(root, [])
                 if group not in readers:
@@ -319,20 +319,6 @@ class _State:
             seen.add(n)
             stack.extend(n.all_input_nodes)
         return False
-
-
-def _memory_root(node):
-    """The value whose memory ``node`` is, through views and the pieces of a split."""
-    while isinstance(node, fx.Node) and node.op == "call_function":
-        src = node.args[0] if node.args else None
-        if node.target is operator.getitem and isinstance(src, fx.Node) and src.op == "call_function" \
-                and views.aliases_its_input(src):
-            node = src.args[0]
-        elif node.target is not operator.getitem and views.aliases_its_input(node) and isinstance(src, fx.Node):
-            node = src
-        else:
-            break
-    return node
 
 
 def _stays_pointwise(group: Group) -> bool:

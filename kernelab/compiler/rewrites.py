@@ -98,13 +98,14 @@ def unsqueezed_repeats(gm: fx.GraphModule) -> int:
             continue
         found = _unsqueezed_repeat(node, known)
         if found is None:
-            known.setdefault(_op_key(node), node)
+            key = _op_key(node)
+            if key is not None:
+                known.setdefault(key, node)
             continue
         done, dim = found
         b = _Builder(gm, node, fusion.value(node))
         view = b.op(aten.unsqueeze.default, done, dim)
         node.replace_all_uses_with(view)
-        known.setdefault(_op_key(view), view)
         count += 1
     return _cleanup(gm, count)
 
@@ -498,6 +499,7 @@ def broadcast_cats_expanded(gm: fx.GraphModule) -> int:
                                                        for d, size in enumerate(shape)]) for p in node.args[0]]
                 expanded = b.op(aten.cat.default, pieces, dim)
             except Exception:  # noqa: BLE001 - pieces this restatement does not cover: leave it
+                b.undo()
                 continue
             user.replace_input_with(node, expanded)
             count += 1
@@ -1006,6 +1008,7 @@ def pads_as_cats(gm: fx.GraphModule) -> int:
                           device=val.device) if n else None for n in (lo, hi)]
             padded = b.op(aten.cat.default, [p for p in (fills[0], x, fills[1]) if p is not None], d)
         except Exception:  # noqa: BLE001 - a value the dtype cannot hold (NaN into integers): ATen's pad
+            b.undo()
             continue
         node.replace_all_uses_with(padded)
         count += 1
@@ -1033,6 +1036,7 @@ def slices_through_cats(gm: fx.GraphModule) -> int:
             parts = _sliced_pieces(b, cat, dim, start, end)
             new = parts[0] if len(parts) == 1 else b.op(aten.cat.default, parts, fusion.cat_dim(cat))
         except Exception:  # noqa: BLE001 - pieces this restatement does not cover: leave it
+            b.undo()
             continue
         node.replace_all_uses_with(new)
         count += 1
@@ -1241,6 +1245,7 @@ def _pointwise_into_copies_once(gm: fx.GraphModule) -> int:
                     for a in node.args]
             moved = b.op(node.target, *args, **node.kwargs)
         except RuntimeError:
+            b.undo()
             continue
         view.replace_all_uses_with(moved)
         count += 1
@@ -1267,6 +1272,7 @@ def permuted_trees_into_copies(gm: fx.GraphModule) -> int:
         try:
             moved = _permuted(b, permute.args[0], list(permute.args[1]))
         except Exception:  # noqa: BLE001 - a tree this restatement does not cover: leave the graph
+            b.undo()
             continue
         permute.replace_all_uses_with(moved)
         count += 1
@@ -1841,6 +1847,7 @@ class _Builder:
 
     def __init__(self, gm: fx.GraphModule, anchor: fx.Node, like: torch.Tensor):
         self.gm, self.anchor, self.fake_mode, self.device = gm, anchor, like.fake_mode, like.device
+        self.made: list = []  # the nodes inserted so far, for ``undo``
 
     def op(self, target, *args, **kwargs) -> fx.Node:
         with self.gm.graph.inserting_before(self.anchor):
@@ -1852,7 +1859,16 @@ class _Builder:
         except Exception:  # the op does not apply to these values: leave the graph as it was
             self.gm.graph.erase_node(node)
             raise
+        self.made.append(node)
         return node
+
+    def undo(self) -> None:
+        """Erase the nodes this builder inserted (a restatement given up halfway): left in the
+        graph unread, an elementwise one would still be planned, a kernel computing nothing used."""
+        for node in reversed(self.made):
+            if not node.users:
+                self.gm.graph.erase_node(node)
+        self.made.clear()
 
     def scalar(self, value, dtype) -> fx.Node:
         return self.op(aten.scalar_tensor.default, value, dtype=dtype, device=self.device)

@@ -7,7 +7,6 @@ Kernel sources are cached on disk (``kcache.py``); chains of views are replayed 
 from __future__ import annotations
 
 import linecache
-import operator
 import sys
 
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from . import bounds, fusion, layout, scatter
 from .kcache import cache_dir, kernel_module
 from .group_runner import GroupRunner, call_node, interpreted, lookup, run_reference
 from .tiling import DEFAULT as DEFAULT_TILING, Tiling
-from .views import alias, aliases_its_input, nodes_in, view_chains
+from .views import alias, alias_roots, nodes_in, view_chains
 
 __all__ = ["GraphRunner", "kernel_module", "cache_dir", "interpreted", "run_reference"]
 
@@ -544,7 +543,7 @@ def _plan_reuse(gm: fx.GraphModule, steps, free_after, returned: set, owned: set
     ``views.py``), so the storage's use count cannot see it: ``amax`` read by a kernel and later
     through ``alias(amax)`` lost its values to the kernel's output before this check."""
     freed_at = {n: i for i, dead in enumerate(free_after) for n in dead}
-    root = _alias_roots(gm)
+    root = alias_roots(gm)
     needed_until = {}  # alias root -> the last step reading any value of its memory
     for n, r in root.items():
         until = float("inf") if n in returned else freed_at.get(n, -1)
@@ -552,20 +551,6 @@ def _plan_reuse(gm: fx.GraphModule, steps, free_after, returned: set, owned: set
     for i, ((kind, item), dead) in enumerate(zip(steps, free_after)):
         if kind == "group":
             item.reuse = item.reusable({n for n in owned.intersection(dead) if needed_until.get(root.get(n, n), i) <= i})
-
-
-def _alias_roots(gm: fx.GraphModule) -> dict:
-    """Each node -> the value whose memory it is: itself, or through views
-    (``views.aliases_its_input``) the first value of the chain."""
-    root = {}
-    for n in gm.graph.nodes:
-        src = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
-        if src is not None and (aliases_its_input(n) or (n.target is operator.getitem and aliases_its_input(src))):
-            root[n] = root.get(src, src)
-        else:
-            root[n] = n
-    return root
-
 
 
 def _last_uses(steps, output, part) -> list:

@@ -6,13 +6,15 @@ replays each chain of views as one ``as_strided`` (values the caller sees) or on
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
 from . import fusion
 
 __all__ = ["ViewChain", "view_chains", "tracked_view", "UNTRACKED_VIEW", "alias", "nodes_in", "static_arg",
-           "aliases_its_input"]
+           "aliases_its_input", "alias_roots"]
 
 
 #: ATen views with one output and static arguments: a chain of them is one aliasing of its root.
@@ -32,6 +34,20 @@ def aliases_its_input(node: fx.Node) -> bool:
         return True
     schema = getattr(node.target, "_schema", None)
     return schema is not None and any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+def alias_roots(gm: fx.GraphModule) -> dict:
+    """Each node -> the value whose memory it is: itself, or through views (``aliases_its_input``)
+    and a split's pieces the first value of the chain. Read by the reuse planning (no other view
+    of a buffer read later) and by fusion (groups reading views of one value share a kernel)."""
+    root = {}
+    for n in gm.graph.nodes:
+        src = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
+        if src is not None and (aliases_its_input(n) or (n.target is operator.getitem and aliases_its_input(src))):
+            root[n] = root.get(src, src)
+        else:
+            root[n] = n
+    return root
 
 
 def tracked_view(root, size, stride, offset):

@@ -152,6 +152,40 @@ def test_a_rope_tree_transposed_then_copied_is_one_kernel():
     assert any(n.name.startswith("cat") for n in groups[0].nodes), groups[0].nodes
 
 
+def test_a_tree_given_up_halfway_leaves_no_node_behind(monkeypatch):
+    """A restatement that fails after inserting nodes (``_Builder.undo``) leaves the graph as it
+    was: the nodes it made are erased, not left unread, where an elementwise one would still be
+    planned as a kernel computing nothing used. Here the tree is rebuilt in full, then refused."""
+    from kernelab.compiler import rewrites
+
+    real, depth = rewrites._permuted, []
+
+    def refused(b, node, perm):  # (the recursion comes back through here: refuse at the root only)
+        depth.append(node)
+        built = real(b, node, perm)
+        depth.pop()
+        if not depth:
+            raise ValueError("refused after building")
+        return built
+
+    def fn(g, sin):
+        return (torch.cat([g[..., 4:], -g[..., :4]], dim=-1) * sin).transpose(1, 2).contiguous()
+
+    real_rewrite, unread = rewrites.permuted_trees_into_copies, []
+
+    def watched(gm):  # the graph right after the rewrite, before any later one cleans it
+        count = real_rewrite(gm)
+        unread.extend(n.name for n in gm.graph.nodes if n.op == "call_function" and not n.users)
+        return count
+
+    g, sin = torch.randn(2, 3, 6, 8), torch.randn(6, 8)
+    monkeypatch.setattr(rewrites, "_permuted", refused)
+    monkeypatch.setattr(rewrites, "permuted_trees_into_copies", watched)
+    torch.testing.assert_close(torch.compile(fn, backend="kernelab")(g, sin), fn(g, sin))
+    assert not unread, unread
+    assert len(forward_groups(fn, g, sin)) == 2
+
+
 def test_a_tree_value_read_elsewhere_stays_and_is_read_transposed():
     """A node of the tree with a second reader is not recomputed: it stays where it is (written
     once) and the copy's kernel reads it through the transpose; the values stay eager's."""
@@ -188,7 +222,7 @@ def test_moe_routings_token_of_each_sorted_slot_is_generated():
 def test_key_and_value_copies_of_one_product_are_one_kernel():
     """GPT-2's attention splits one qkv product and copies the key and the value, each
     transposed, into the KV cache: two copies of two slices of one ATen value. A group reading
-    another view of the same memory is a sharing group (``graph._memory_root``), so both copies
+    another view of the same memory is a sharing group (``views.alias_roots``), so both copies
     are one kernel with two outputs, as Inductor's; the query's product, of another shape,
     stays apart. Values and layouts as eager's."""
     def fn(qkv):
