@@ -10,7 +10,8 @@ runs a CUDA backward included).
 
 Targets: ``OP:ROWSxWIDTH:fwd|fwd+bwd`` (a ``kernelab.bench`` op case, bf16, with its providers),
 ``MODEL:train|infer`` (a zoo model at bench size, compiled by each mode: eager, inductor, kernelab,
-kernelab-nofast (the runners not specialized: ``KERNELAB_FAST_RUNNER=0``); an inference call's
+kernelab-nofast (the runners not specialized: ``KERNELAB_FAST_RUNNER=0``), kernelab-bngen (training batch
+norm's generated forward: ``KERNELAB_BN_FORWARD=generated``); an inference call's
 output layout is printed), or ``mm:MxKxN`` (one bf16 product called the ways a runner may call it). Per target and provider:
 
 * ``back-to-back``: CUDA-event time per call over 10 calls issued without waiting (what a training
@@ -95,23 +96,27 @@ def _model_calls(target: str, modes: list[str], loss_fn: bool) -> dict:
             else:
                 with torch.no_grad():
                     return compiled(inputs) if loss_fn else zm.forward(compiled, inputs)
-        calls[mode] = _first_call_without_fast_runner(call) if mode == "kernelab-nofast" else call
+        calls[mode] = _first_call_with(VARIANTS[mode], call) if mode in VARIANTS else call
     return calls
 
 
+#: kernelab's variants: the settings their first call (which compiles, and specializes the
+#: runners of the graphs it runs) runs under
+VARIANTS = {"kernelab-nofast": {"KERNELAB_FAST_RUNNER": "0"}, "kernelab-bngen": {"KERNELAB_BN_FORWARD": "generated"}}
+
+
 def _backend(mode: str):
-    """torch.compile's backend for ``mode``; kernelab-nofast gets a backend object of its own, so
-    that dynamo compiles it apart from kernelab's (its cache tells backends apart by identity)."""
+    """torch.compile's backend for ``mode``; a kernelab variant gets a backend object of its own,
+    so that dynamo compiles it apart from kernelab's (its cache tells backends apart by identity)."""
     from kernelab.compiler.backend import kernelab_backend
 
-    if mode == "kernelab-nofast":
+    if mode in VARIANTS:
         return lambda gm, example_inputs: kernelab_backend(gm, example_inputs)
     return "inductor" if mode == "inductor" else "kernelab"
 
 
-def _first_call_without_fast_runner(call):
-    """``call`` whose first run (which compiles, and specializes the runners of the graphs it
-    runs) has KERNELAB_FAST_RUNNER=0: kernelab as it launched before the specialized runner."""
+def _first_call_with(settings: dict, call):
+    """``call`` whose first run has the environment ``settings``: kernelab compiled that way."""
     import os
 
     first = [True]
@@ -119,11 +124,12 @@ def _first_call_without_fast_runner(call):
     def wrapped():
         if not first[0]:
             return call()
-        os.environ["KERNELAB_FAST_RUNNER"] = "0"
+        os.environ.update(settings)
         try:
             return call()
         finally:
-            del os.environ["KERNELAB_FAST_RUNNER"]
+            for name in settings:
+                del os.environ[name]
             first[0] = False
     return wrapped
 
@@ -246,8 +252,9 @@ def _target_error(target: str, modes: list) -> str:
         return ""
     if len(parts) != 2 or parts[0] not in ZOO or parts[1] not in ("train", "infer"):
         return f"{target!r}: a model is MODEL:train|infer with MODEL one of {', '.join(sorted(ZOO))}"
-    unknown = [m for m in modes if m not in ("eager", "inductor", "kernelab", "kernelab-nofast")]
-    return f"unknown mode {unknown[0]!r} (eager, inductor, kernelab, kernelab-nofast)" if unknown else ""
+    known = ("eager", "inductor", "kernelab", *VARIANTS)
+    unknown = [m for m in modes if m not in known]
+    return f"unknown mode {unknown[0]!r} ({', '.join(known)})" if unknown else ""
 
 
 def main() -> None:

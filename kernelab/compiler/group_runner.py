@@ -130,6 +130,9 @@ class Call:
     #: where nothing else holds it
     reuse: tuple = ()
     reused: bool = False  # recorded in the event log (once per call)
+    #: per output of ``GroupRunner.into``: whether the kernel stored it in its input (``_in_place``)
+    #: at the last call; None: no call with inputs to store into yet
+    stored_in_place: tuple = None
 
     def __post_init__(self):
         self.empty = _allocator(self.device)
@@ -306,6 +309,9 @@ class FastLaunch:
     narrow: tuple = ()  # (output index, columns): padded outputs viewed to their columns
     zeroed: tuple = ()  # output indices zeroed before the launch
     scratch: object = None  # a column reduction's () -> (workspace, counters); None: no scratch
+    #: output indices stored in place into the graph inputs of ``GroupRunner.into`` (in its order):
+    #: the input tensor is passed as that output, nothing allocated for it
+    into: tuple = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,7 +389,7 @@ class GroupRunner:
         for i in call.zeroed:
             outs[i].zero_()
         if into:
-            self._in_place(call, outs, into)
+            call.stored_in_place = self._in_place(call, outs, into)
         ins = [t.to(call.device) if i in call.move else t for i, t in enumerate(raw)] if call.move else raw
         args = (*ins, *outs, *call.scratch(), *call.tail, *scalars) if call.col_blocks else (*ins, *outs, *call.tail, *scalars)
         if call.direct is not None and call.direct.launch(args, (*ins, *scalars)):
@@ -406,18 +412,22 @@ class GroupRunner:
         ``run_values``: one cached call only (one shape and layout ever seen), compiled, launched
         and bound to a launcher (torch's, or a test's), no outputs stored into graph inputs, no
         input moved between devices, no symbolic scalars. None otherwise (the runner keeps
-        ``run_values`` for it)."""
-        if len(self.calls) != 1 or self.into or self.group.scalars:
+        ``run_values`` for it). Outputs stored into graph inputs (``into``) are launched in place
+        where the first call stored them there: the specialized runner checks the inputs' layouts,
+        which decide it (``_in_place``)."""
+        if len(self.calls) != 1 or self.group.scalars:
             return None
         call = next(iter(self.calls.values()))
         direct = getattr(call, "direct", None)
         if call is None or not call.launched or direct is None or direct.static is None or call.move:
             return None
+        if self.into and not (call.stored_in_place and all(call.stored_in_place)):
+            return None
         aligned = tuple(i for i, ok in enumerate(direct.key[:len(self.loads)]) if ok is True)
         allocate = functools.partial(self._outputs_over_inputs, call) if call.reuse else None
         return FastLaunch(tuple(call.outs), call.empty, direct.static, direct.grid, tuple(call.tail), aligned,
                           direct.device_index, direct.stream_of, allocate, tuple(call.narrow), tuple(call.zeroed),
-                          call.scratch if call.col_blocks else None)
+                          call.scratch if call.col_blocks else None, tuple(i for i, _ in self.into))
 
     def reusable(self, inputs: set) -> list:
         """(output index, load index) pairs of ``self.reuse``: an output may be stored over one of
@@ -482,15 +492,19 @@ class GroupRunner:
         empty = call.empty
         return [taken[i] if i in taken else empty(size, stride, dtype) for i, (size, stride, dtype) in enumerate(call.outs)]
 
-    def _in_place(self, call: Call, outs: list, into: list) -> None:
+    def _in_place(self, call: Call, outs: list, into: list) -> tuple:
         """Swap the output buffers of ``self.into`` for the inputs that receive them, where the
-        layout the call writes is theirs (a padded output, another stride: copied after)."""
+        layout the call writes is theirs (a padded output, another stride: copied after); whether
+        each was swapped."""
         narrow = {i for i, _ in call.narrow}
+        taken = []
         for (i, _), t in zip(self.into, into):
             size, stride, dtype = call.outs[i]
-            if i not in narrow and t.dtype == dtype and tuple(t.shape) == tuple(size) and \
-                    t.stride() == tuple(stride) and t.device == call.device:
+            taken.append(i not in narrow and t.dtype == dtype and tuple(t.shape) == tuple(size) and
+                         t.stride() == tuple(stride) and t.device == call.device)
+            if taken[-1]:
                 outs[i] = t
+        return tuple(taken)
 
     def _stored(self, outs: list, into: list) -> list:
         """The outputs with those of ``self.into`` in their input tensors (copied there where the

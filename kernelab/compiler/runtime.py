@@ -247,18 +247,21 @@ def _layouts(args) -> tuple:
 
 def _fast_group(item: GroupRunner, spec, names: dict, bind, stream: str) -> str:
     """The lines launching a group through its :class:`FastLaunch` (what ``run_values`` does for
-    a repeated call, without its lookups): outputs allocated (or taken over inputs), padded ones
-    viewed to their columns, scatter buffers zeroed, the bound launcher called; under a check of
-    the inputs the binary assumed 16-byte aligned, with ``run_values`` for the other case."""
+    a repeated call, without its lookups): outputs allocated (or taken over inputs, or the graph
+    inputs they are stored into), padded ones viewed to their columns, scatter buffers zeroed, the
+    bound launcher called; under a check of the inputs the binary assumed 16-byte aligned, with
+    ``run_values`` for the other case."""
     loads = [names[n] for n in item.load_nodes]
     outs = [names[n] for n in item.group.outputs]
+    into = {i: names[buf] for i, (_, buf) in zip(spec.into, item.into)}
     comma = "," if len(outs) == 1 else ""
     if spec.allocate is not None:
         body = [f"{', '.join(outs)}{comma} = {bind('a', spec.allocate)}([{', '.join(loads)}])"]
+        body += [f"{outs[i]} = {buf}" for i, buf in into.items()]
     else:
         empty = bind("e", spec.empty)
-        allocs = ", ".join(f"{empty}({bind('c', size)}, {bind('c', stride)}, {bind('c', dtype)})"
-                           for size, stride, dtype in spec.outs)
+        allocs = ", ".join(into[i] if i in into else f"{empty}({bind('c', size)}, {bind('c', stride)}, {bind('c', dtype)})"
+                           for i, (size, stride, dtype) in enumerate(spec.outs))
         body = [f"{', '.join(outs)}{comma} = {allocs}{comma}"]
     body += [f"{outs[i]} = {outs[i]}[..., :{cols}]" for i, cols in spec.narrow]
     body += [f"{outs[i]}.zero_()" for i in spec.zeroed]
@@ -268,7 +271,8 @@ def _fast_group(item: GroupRunner, spec, names: dict, bind, stream: str) -> str:
     if not spec.aligned:
         return "\n".join(f"    {line}" for line in body) + f"  # {item.group.name}"
     check = " and ".join(f"{loads[i]}.data_ptr() % 16 == 0" for i in spec.aligned)
-    slow = f"{''.join(o + ', ' for o in outs)}= {bind('g', item)}.run_values([{', '.join(loads)}], [])"
+    bufs = f", [{', '.join(into.values())}]" if into else ""
+    slow = f"{''.join(o + ', ' for o in outs)}= {bind('g', item)}.run_values([{', '.join(loads)}], []{bufs})"
     return "\n".join([f"    if {check}:  # {item.group.name}", *(f"        {line}" for line in body), "    else:",
                       f"        {slow}"])
 
@@ -351,6 +355,7 @@ def _straight_line(runner: "GraphRunner", fast: dict | None = None):
                 spec = fast[id(item)]
                 stream = streams.setdefault(spec.device_index, (spec.stream_of, f"stream{len(streams)}"))[1]
                 reads = [p for n in item.group.nodes for p in value_inputs(n, constants=True)]
+                reads += [buf for _, buf in item.into]
                 statements.append((_fast_group(item, spec, names, bind, stream), reads, list(item.group.outputs)))
                 defined.update(item.group.outputs)
             elif kind == "group":

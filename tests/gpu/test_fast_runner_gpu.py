@@ -58,3 +58,32 @@ def test_another_layout_and_a_misaligned_input(built_runners):
     torch.testing.assert_close(runner([other, b])[0], ((other * b).exp() + 1).sum(0))
     shifted = torch.randn(64 * 96 + 1, device="cuda")[1:].view(64, 96)
     torch.testing.assert_close(runner([shifted, b])[0], ((shifted * b).exp() + 1).sum(0))
+
+
+def test_running_statistics_stored_in_place_on_the_specialized_runner(built_runners, monkeypatch):
+    """A training batch norm's generated forward (``KERNELAB_BN_FORWARD=generated``) stores the
+    running statistics into the module's buffers (``GroupRunner.into``): launched from the
+    specialized runner with the buffers as outputs. Buffers and gradients as eager's, 4 steps."""
+    import copy
+
+    import torch.nn as nn
+
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 8, 1), nn.BatchNorm2d(8)).cuda()
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kernelab")
+    x = torch.randn(4, 3, 20, 20, device="cuda")
+    for _ in range(4):
+        for m in (compiled, twin):
+            m.zero_grad(set_to_none=True)
+            m(x).square().mean().backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        for b, c in zip(model.buffers(), twin.buffers()):
+            torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6)
+    runners = [r for r in built_runners if r.group_runners]
+    assert any(g.into for r in runners for g in r.group_runners), "no group stored into a buffer"
+    assert all(r.fast is not None for r in runners)
+    assert sum(r.fast_groups for r in runners) == sum(len(r.group_runners) for r in runners)
