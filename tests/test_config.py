@@ -40,8 +40,8 @@ def test_every_setting_read_is_in_the_table():
     ("KERNELAB_PAD", config.pad, "0", False),
     ("KERNELAB_TEAMS", config.teams, "0", False),
     ("KERNELAB_GEMM_TUNE", config.gemm_tune, "1", True),
-    ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "generated", "generated"),
-    ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "", "aten"),
+    ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "aten", "aten"),
+    ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "", "generated"),
     ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "generated", "generated"),
     ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "", "aten"),
 ])
@@ -66,9 +66,19 @@ def test_persistent_max_and_cache_root(monkeypatch, tmp_path):
     assert config.cache_root() == tmp_path
 
 
-@pytest.mark.parametrize("name, fn", [("KERNELAB_BN_FORWARD", config.batch_norm_forward),
-                                      ("KERNELAB_BN_BACKWARD", config.batch_norm_backward)])
-def test_batch_norm_settings_refuse_other_values(monkeypatch, name, fn):
+@pytest.mark.parametrize("name, fn, choices", [
+    ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "'auto' or 'aten' or 'generated'"),
+    ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "'aten' or 'generated'")])
+def test_batch_norm_settings_refuse_other_values(monkeypatch, name, fn, choices):
     monkeypatch.setenv(name, "cudnn")
-    with pytest.raises(ValueError, match=f"{name} must be 'aten' or 'generated', not 'cudnn'"):
+    with pytest.raises(ValueError, match=f"{name} must be {choices}, not 'cudnn'"):
         fn()
+
+
+@pytest.mark.parametrize("value, on_cpu, want", [("", False, "generated"), ("", True, "aten"), ("auto", True, "aten"),
+                                                 ("generated", True, "generated"), ("aten", False, "aten")])
+def test_batch_norm_forward_is_generated_by_default_except_on_the_cpu(monkeypatch, value, on_cpu, want):
+    """On CUDA the generated forward is faster (ResNet-50's step on an H200: 31.4 against 36.3 ms);
+    on the CPU ATen's norm accumulates in float64, as eager's does."""
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", value)
+    assert config.batch_norm_forward(on_cpu) == want

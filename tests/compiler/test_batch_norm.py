@@ -1,4 +1,4 @@
-"""Training batch norm generated (``KERNELAB_BN_FORWARD=generated``, experimental), its statistics
+"""Training batch norm generated (``KERNELAB_BN_FORWARD=generated``, the default on CUDA), its statistics
 as a row and a column kernel (``rewrites.batch_norm_statistics_as_rows_then_columns``), and
 copies into graph inputs stored by the kernels that compute them (``graph.absorb_copies``):
 outputs, gradients, running statistics and ``num_batches_tracked`` against eager."""
@@ -138,7 +138,7 @@ def test_statistics_keep_their_digits_at_a_large_mean(monkeypatch):
 
 
 def test_counters_of_several_norms_are_one_foreach_add(monkeypatch):
-    """Default settings (ATen's batch norm): the norms' ``num_batches_tracked += 1`` are one
+    """Default settings on the CPU (ATen's batch norm): the norms' ``num_batches_tracked += 1`` are one
     ``_foreach_add_`` (one launch on CUDA instead of one per norm), and count as eager's."""
     monkeypatch.delenv("KERNELAB_BN_FORWARD", raising=False)
     torch._dynamo.reset()
