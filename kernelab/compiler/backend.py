@@ -283,7 +283,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
     runnable, why = _can_run(example_inputs, gm)  # may import triton: a once-per-process cost
     t0 = time.perf_counter()
     try:
-        later = _partitioned_graph_decompositions(_any_cpu(example_inputs))
+        # a plan (``kernelab.count``/``explain``) predicts the GPU's kernels, whatever the tensors
+        later = _partitioned_graph_decompositions(_any_cpu(example_inputs) and ACTIVE_PLAN[0] is None)
         if later is not None:
             rewrites.batch_norm_forwards_decomposed(gm, later)
         part = graph.partition(gm)

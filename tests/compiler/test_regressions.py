@@ -1146,8 +1146,10 @@ def test_sums_that_keep_a_middle_dim_are_rows_then_columns(dims, keepdim, dtype)
 def test_generated_batch_norm_backward_matches_eager(monkeypatch, channels_last):
     """KERNELAB_BN_BACKWARD=generated (experimental): the training norm's backward decomposed,
     its per-channel sums a row kernel with the ReLU's backward as prologue plus column kernels;
-    gradients as eager's, for NCHW and channels-last activations; no batch norm backward op left."""
+    gradients as eager's, for NCHW and channels-last activations; no batch norm backward op left.
+    ATen's forward, so that the column kernels counted below are the backward's."""
     monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "aten")
     torch._dynamo.reset()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
