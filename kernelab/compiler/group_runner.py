@@ -312,6 +312,8 @@ class FastLaunch:
     #: output indices stored in place into the graph inputs of ``GroupRunner.into`` (in its order):
     #: the input tensor is passed as that output, nothing allocated for it
     into: tuple = ()
+    #: positions in ``into`` of the graph inputs the binary assumed 16-byte aligned
+    into_aligned: tuple = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,13 +394,16 @@ class GroupRunner:
             call.stored_in_place = self._in_place(call, outs, into)
         ins = [t.to(call.device) if i in call.move else t for i, t in enumerate(raw)] if call.move else raw
         args = (*ins, *outs, *call.scratch(), *call.tail, *scalars) if call.col_blocks else (*ins, *outs, *call.tail, *scalars)
-        if call.direct is not None and call.direct.launch(args, (*ins, *scalars)):
+        # what may select another binary: the inputs, the scalars, and the outputs stored into graph
+        # inputs (not fresh allocations: their alignment is the caller's)
+        varying = (*ins, *scalars, *(outs[i] for i, _ in self.into)) if into else (*ins, *scalars)
+        if call.direct is not None and call.direct.launch(args, varying):
             pass
         elif call.launched:
             call.kernel[call.grid](*args, **call.meta)
         else:  # the first launch compiles the kernel: a failure there falls back too
             try:
-                call.direct = self.first_launch(call, args, (*ins, *scalars))
+                call.direct = self.first_launch(call, args, varying)
                 call.launched = True
                 record_launch(self.group.name)
             except Exception as exc:
@@ -424,10 +429,12 @@ class GroupRunner:
         if self.into and not (call.stored_in_place and all(call.stored_in_place)):
             return None
         aligned = tuple(i for i, ok in enumerate(direct.key[:len(self.loads)]) if ok is True)
+        # the key's tail: the outputs stored into graph inputs (``run_values``'s ``varying``)
+        into_aligned = tuple(k for k, ok in enumerate(direct.key[len(self.loads):]) if ok is True) if self.into else ()
         allocate = functools.partial(self._outputs_over_inputs, call) if call.reuse else None
         return FastLaunch(tuple(call.outs), call.empty, direct.static, direct.grid, tuple(call.tail), aligned,
                           direct.device_index, direct.stream_of, allocate, tuple(call.narrow), tuple(call.zeroed),
-                          call.scratch if call.col_blocks else None, tuple(i for i, _ in self.into))
+                          call.scratch if call.col_blocks else None, tuple(i for i, _ in self.into), into_aligned)
 
     def reusable(self, inputs: set) -> list:
         """(output index, load index) pairs of ``self.reuse``: an output may be stored over one of

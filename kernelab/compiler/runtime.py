@@ -249,8 +249,8 @@ def _fast_group(item: GroupRunner, spec, names: dict, bind, stream: str) -> str:
     """The lines launching a group through its :class:`FastLaunch` (what ``run_values`` does for
     a repeated call, without its lookups): outputs allocated (or taken over inputs, or the graph
     inputs they are stored into), padded ones viewed to their columns, scatter buffers zeroed, the
-    bound launcher called; under a check of the inputs the binary assumed 16-byte aligned, with
-    ``run_values`` for the other case."""
+    bound launcher called; under a check of the inputs the binary assumed 16-byte aligned (the
+    graph inputs stored into included), with ``run_values`` for the other case."""
     loads = [names[n] for n in item.load_nodes]
     outs = [names[n] for n in item.group.outputs]
     into = {i: names[buf] for i, (_, buf) in zip(spec.into, item.into)}
@@ -268,9 +268,10 @@ def _fast_group(item: GroupRunner, spec, names: dict, bind, stream: str) -> str:
     args = [*loads, *outs] + ([f"*{bind('w', spec.scratch)}()"] if spec.scratch is not None else []) + \
         ([f"*{bind('c', spec.tail)}"] if spec.tail else [])
     body.append(f"{bind('l', spec.launcher)}.launch({bind('c', spec.grid)}, {stream}, ({', '.join(args)},))")
-    if not spec.aligned:
+    checked = [loads[i] for i in spec.aligned] + [list(into.values())[k] for k in spec.into_aligned]
+    if not checked:
         return "\n".join(f"    {line}" for line in body) + f"  # {item.group.name}"
-    check = " and ".join(f"{loads[i]}.data_ptr() % 16 == 0" for i in spec.aligned)
+    check = " and ".join(f"{name}.data_ptr() % 16 == 0" for name in checked)
     bufs = f", [{', '.join(into.values())}]" if into else ""
     slow = f"{''.join(o + ', ' for o in outs)}= {bind('g', item)}.run_values([{', '.join(loads)}], []{bufs})"
     return "\n".join([f"    if {check}:  # {item.group.name}", *(f"        {line}" for line in body), "    else:",

@@ -149,6 +149,31 @@ def test_a_misaligned_input_takes_run_values(bound, built_runners):
     assert sum(launcher.launches for launcher in bound) == launches
 
 
+def test_a_misaligned_buffer_stored_into_takes_run_values(bound, built_runners):
+    """An output stored into a graph input is not a fresh allocation: the binary's assumption that
+    it is 16-byte aligned is checked as an input's is (specialized line and bound launch alike).
+    A buffer one element into its storage takes ``run_values``, which launches the ordinary way.
+    (The buffer is only written: one the kernel also reads is checked as an input already.)"""
+
+    def overwrite(x, buf):
+        torch.exp(x, out=buf)
+        return x * 2
+
+    compiled = torch.compile(overwrite, backend="kernelab")
+    x, buf = torch.randn(64), torch.randn(64)
+    torch.testing.assert_close(compiled(x, buf), x * 2)
+    torch.testing.assert_close(buf, x.exp())
+    runner = next(r for r in built_runners if any(g.into for g in r.group_runners))
+    assert runner.fast is not None
+    stored = {b for g in runner.group_runners for _, b in g.into}
+    shifted = torch.randn(65)[1:]  # same shape and stride, 4 bytes in
+    args = [shifted if p in stored else x for p in runner.placeholders]
+    launches = sum(launcher.launches for launcher in bound)
+    runner(args)
+    torch.testing.assert_close(shifted, x.exp())
+    assert sum(launcher.launches for launcher in bound) == launches  # not the bound launches
+
+
 def test_a_launch_hook_takes_the_first_runner(bound, built_runners, monkeypatch):
     compiled = torch.compile(lambda a: a.sin() + 1, backend="kernelab")
     a = torch.randn(32)
