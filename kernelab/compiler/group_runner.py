@@ -256,8 +256,9 @@ class _DirectLaunch:
 
     def launch(self, args, varying) -> bool:
         """Launch and return True, or return False (the caller takes Triton's ordinary path).
-        ``varying``: the arguments that can differ between calls with one cache key (the inputs and
-        the symbolic scalars; outputs are fresh allocations, aligned, and the rest is cached)."""
+        ``varying``: the arguments that can differ between calls with one cache key (the inputs, the
+        symbolic scalars and the outputs stored into graph inputs; other outputs are fresh
+        allocations, aligned, and the rest is cached)."""
         runtime = self.knobs.runtime
         hook = hooked(runtime.launch_enter_hook) or hooked(runtime.launch_exit_hook)
         if hook or _specialization_key(varying) != self.key:
@@ -415,8 +416,8 @@ class GroupRunner:
     def fast_launch(self) -> "FastLaunch | None":
         """The group's call as a :class:`FastLaunch`, where the runner may launch it without
         ``run_values``: one cached call only (one shape and layout ever seen), compiled, launched
-        and bound to a launcher (torch's, or a test's), no outputs stored into graph inputs, no
-        input moved between devices, no symbolic scalars. None otherwise (the runner keeps
+        and bound to a launcher (torch's, or a test's), no input moved between devices, no
+        symbolic scalars. None otherwise (the runner keeps
         ``run_values`` for it). Outputs stored into graph inputs (``into``) are launched in place
         where the first call stored them there: the specialized runner checks the inputs' layouts,
         which decide it (``_in_place``)."""
