@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from kernelab import config
 
@@ -82,3 +83,19 @@ def test_batch_norm_forward_is_generated_by_default_except_on_the_cpu(monkeypatc
     on the CPU ATen's norm accumulates in float64, as eager's does."""
     monkeypatch.setenv("KERNELAB_BN_FORWARD", value)
     assert config.batch_norm_forward(on_cpu) == want
+
+
+def test_a_bad_batch_norm_forward_setting_stops_the_compile(monkeypatch):
+    """Read when the backend starts (as KERNELAB_BN_BACKWARD is, and the backend's options), not per
+    graph inside the fallback: every graph ran as ATen with a warning blaming the compiler."""
+    import kernelab.compiler  # noqa: F401 - registers backend="kernelab"
+
+    monkeypatch.delenv("KERNELAB_STRICT", raising=False)  # (strict, the fallback raised too)
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "cudnn")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="KERNELAB_BN_FORWARD must be 'auto' or 'aten' or 'generated', not 'cudnn'"):
+        torch.compile(lambda x: (x + 1).relu(), backend="kernelab")(torch.randn(4))
+    monkeypatch.delenv("KERNELAB_BN_FORWARD")
+    torch._dynamo.reset()
+    x = torch.randn(4)
+    torch.testing.assert_close(torch.compile(lambda x: (x + 1).relu(), backend="kernelab")(x), (x + 1).relu())

@@ -118,6 +118,7 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
     from .options import parse
 
     opts = parse(mode, options)  # a mode or option we lack raises here
+    config.batch_norm_forward()  # so does a bad KERNELAB_BN_FORWARD, not as every graph's fallback
     pairing = cudagraphs.Pairing()
     direct = []  # the inference graph's own call, where aot_autograd's runtime wrapper has no work
     autocast = torch._C._is_any_autocast_enabled()  # aot_autograd turns it off around the compilers
