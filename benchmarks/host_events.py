@@ -12,7 +12,9 @@ Targets: ``OP:ROWSxWIDTH:fwd|fwd+bwd`` (a ``kernelab.bench`` op case, bf16, with
 ``MODEL:train|infer`` (a zoo model at bench size, compiled by each mode: eager, inductor, kernelab,
 kernelab-nofast (the runners not specialized: ``KERNELAB_FAST_RUNNER=0``), kernelab-bnaten,
 kernelab-bngen, kernelab-bnall (training batch norm: ATen's forward, the generated forward, both
-generated: ``KERNELAB_BN_FORWARD``, ``KERNELAB_BN_BACKWARD``); an inference call's
+generated: ``KERNELAB_BN_FORWARD``, ``KERNELAB_BN_BACKWARD``), kernelab-nchw and
+kernelab-nchw-bnall (convolutions in the layouts the program makes, ``KERNELAB_CONV_LAYOUT=traced``,
+with ATen's or the generated batch norm); an inference call's
 output layout is printed), or ``mm:MxKxN`` (one bf16 product called the ways a runner may call it). Per target and provider:
 
 * ``back-to-back``: CUDA-event time per call over 10 calls issued without waiting (what a training
@@ -105,7 +107,10 @@ def _model_calls(target: str, modes: list[str], loss_fn: bool) -> dict:
 #: runners of the graphs it runs) runs under
 VARIANTS = {"kernelab-nofast": {"KERNELAB_FAST_RUNNER": "0"}, "kernelab-bnaten": {"KERNELAB_BN_FORWARD": "aten"},
             "kernelab-bngen": {"KERNELAB_BN_FORWARD": "generated"},
-            "kernelab-bnall": {"KERNELAB_BN_FORWARD": "generated", "KERNELAB_BN_BACKWARD": "generated"}}
+            "kernelab-bnall": {"KERNELAB_BN_FORWARD": "generated", "KERNELAB_BN_BACKWARD": "generated"},
+            "kernelab-nchw": {"KERNELAB_CONV_LAYOUT": "traced"},
+            "kernelab-nchw-bnall": {"KERNELAB_CONV_LAYOUT": "traced", "KERNELAB_BN_FORWARD": "generated",
+                                    "KERNELAB_BN_BACKWARD": "generated"}}
 
 
 def _backend(mode: str):

@@ -19,6 +19,7 @@ before the call that reads it. Triton's own ``TRITON_INTERPRET`` is Triton's: se
 | KERNELAB_GEMM_TUNE | 0 | 1: ``kernelab.ops`` matmuls tune each new shape on its first call |
 | KERNELAB_BN_BACKWARD | aten | compiler: ``generated`` decomposes training batch norm's backward into row, column and pointwise kernels (experimental: not yet timed against ATen's) |
 | KERNELAB_BN_FORWARD | auto | compiler: ``generated`` makes training batch norm's forward a row kernel, a column kernel and the transform's pointwise kernel in the partitioned forward graph, ATen's backward kept; ``aten`` keeps ATen's op whole; ``auto``: generated except in graphs on CPU tensors (ResNet-50's training step on an H200: 31.4 ms generated, 36.3 ms ATen's; on the CPU ATen's norm accumulates in float64, which a tiny RegNet's gradients need to stay within 1e-4 of eager's) |
+| KERNELAB_CONV_LAYOUT | channels_last | compiler: ``traced`` keeps the layouts the program makes instead of asking each batched 2-D convolution's input for channels-last (``compiler/conv_layout.py``) |
 | KERNELAB_CACHE | ~/.cache/kernelab | where measured and generated files are kept |
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 __all__ = ["debug_level", "strict", "cudagraphs", "direct_launch", "fast_runner", "static_launch", "direct_call",
            "persistent_max", "pad", "teams", "gemm_tune", "batch_norm_backward", "batch_norm_forward",
-           "cache_root"]
+           "conv_layout", "cache_root"]
 
 
 def _flag(name: str, default: str) -> str:
@@ -85,6 +86,14 @@ def batch_norm_forward(on_cpu: bool = False) -> str:
     if value == "auto":
         return "aten" if on_cpu else "generated"
     return value
+
+
+def conv_layout() -> str:
+    """KERNELAB_CONV_LAYOUT: "channels_last" (the default: every batched 2-D convolution's input
+    asked for channels-last before tracing, ``compiler/conv_layout.py``) or "traced" (the layouts
+    as the program makes them)."""
+    return _aten_or_generated("KERNELAB_CONV_LAYOUT", _flag("KERNELAB_CONV_LAYOUT", "channels_last"), "channels_last",
+                              ("channels_last", "traced"))
 
 
 def static_launch() -> bool:

@@ -20,7 +20,7 @@ import torch
 
 from .. import config
 from ..errors import KernelabFallbackWarning
-from . import bounds
+from . import bounds, conv_layout
 from .eventlog import ACTIVE_PLAN, record_fallback
 
 __all__ = ["kernelab_backend", "decompositions", "KernelabFallbackWarning", "reset"]
@@ -119,6 +119,8 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
 
     opts = parse(mode, options)  # a mode or option we lack raises here
     config.batch_norm_forward()  # so does a bad KERNELAB_BN_FORWARD, not as every graph's fallback
+    if config.conv_layout() == "channels_last":  # NHWC activations for cuDNN and the norms' reductions
+        conv_layout.channels_last_convolutions(gm)
     pairing = cudagraphs.Pairing()
     direct = []  # the inference graph's own call, where aot_autograd's runtime wrapper has no work
     autocast = torch._C._is_any_autocast_enabled()  # aot_autograd turns it off around the compilers

@@ -1410,15 +1410,24 @@ def batch_norm_forwards_decomposed(gm: fx.GraphModule, table: dict) -> int:
     Decomposed *after* partitioning, the norm's backward stays ATen's ``native_batch_norm_backward``
     (eager's fused formula, fed the saved mean and 1 / std the decomposition computes); decomposed
     before aot_autograd, the backward was autograd's derivative of the decomposition, several
-    kernels of its own whatever ``KERNELAB_BN_BACKWARD`` said."""
+    kernels of its own whatever ``KERNELAB_BN_BACKWARD`` said.
+
+    A norm whose input is not contiguous (channels-last activations, ``conv_layout.py``) stays
+    ATen's: its statistics are not rows of H * W values there, and ATen's channels-last kernels
+    reduce them as columns at full bandwidth."""
     op = aten._native_batch_norm_legit_functional.default
     if op not in table:
         return 0
     count = 0
     for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is op:
+        if node.op == "call_function" and node.target is op and _contiguous_input(node):
             count += _decomposed_in_place(gm, node, table)
     return _cleanup(gm, count)
+
+
+def _contiguous_input(node: fx.Node) -> bool:
+    val = fusion.value(node.args[0])
+    return isinstance(val, torch.Tensor) and val.is_contiguous()
 
 
 def _decomposed_in_place(gm: fx.GraphModule, node: fx.Node, table: dict) -> int:

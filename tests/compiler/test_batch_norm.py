@@ -1,7 +1,9 @@
 """Training batch norm generated (``KERNELAB_BN_FORWARD=generated``, the default on CUDA), its statistics
 as a row and a column kernel (``rewrites.batch_norm_statistics_as_rows_then_columns``), and
 copies into graph inputs stored by the kernels that compute them (``graph.absorb_copies``):
-outputs, gradients, running statistics and ``num_batches_tracked`` against eager."""
+outputs, gradients, running statistics and ``num_batches_tracked`` against eager. Convolutions keep
+the layouts the program makes here (``KERNELAB_CONV_LAYOUT=traced``): the generated forward is for
+contiguous (NCHW) activations; channels-last ones keep ATen's norm (``tests/compiler/test_conv_layout.py``)."""
 import copy
 
 import pytest
@@ -9,6 +11,11 @@ import torch
 
 import kernelab.compiler as klc
 from tests.compiler.conftest import assert_close
+
+
+@pytest.fixture(autouse=True)
+def _nchw_convolutions(monkeypatch):
+    monkeypatch.setenv("KERNELAB_CONV_LAYOUT", "traced")
 
 
 def _r(*shape, seed=0):

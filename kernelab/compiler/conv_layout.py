@@ -1,0 +1,65 @@
+"""Convolutions in channels-last layout (``KERNELAB_CONV_LAYOUT``).
+
+cuDNN's fast convolution kernels on Hopper read and write NHWC. Fed NCHW (PyTorch's default), each
+convolution converts its input to NHWC and its output back (cuDNN's ``nchwToNhwcKernel`` /
+``nhwcToNchwKernel``: 194 launches and ~4 ms of a ResNet-50 training step on an H100), and
+ATen's batch-norm backward on NCHW runs one block per channel (~10 ms of that step). Inductor
+avoids both by laying the activations of convolution graphs out channels-last.
+
+Here the same happens before aot_autograd traces the graph: every 2-D convolution's input is asked
+for channels-last (``x.contiguous(memory_format=torch.channels_last)``). Traced, that is one copy
+for the graph's input image; every later activation is already channels-last, because the ops in
+between keep their input's memory format (elementwise ops, batch norm, pooling, the residual adds
+of two channels-last tensors), so the request is a no-op there, and cuDNN writes its output NHWC.
+The backward follows: gradients come back in the layout of the forward's values. The per-channel
+statistics of batch norm then reduce over the rows of an [N*H*W, C] matrix (a column reduction)
+instead of over N separated planes. Values are unchanged: only strides differ, and whatever leaves
+the graph is handed back in eager's layout: an output eager makes contiguous is asked for
+``contiguous()`` (a copy only where it came out channels-last: a feature map a model returns), so
+that the caller's ``view``s and strides are what eager gives.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+#: dynamo's spelling of a 2-D convolution (``F.conv2d`` is ``torch.conv2d``; ``nn.Conv2d`` inlined)
+_CONV2D = {torch.conv2d, torch.nn.functional.conv2d}
+
+
+def _input_4d(node: fx.Node) -> bool:
+    """The convolution's input is a 4-D tensor (batched; an unbatched 3-D input has no N)."""
+    val = node.args[0].meta.get("example_value") if isinstance(node.args[0], fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dim() == 4
+
+
+def channels_last_convolutions(gm: fx.GraphModule) -> int:
+    """Ask each batched 2-D convolution of dynamo's graph ``gm`` for a channels-last input, in place.
+    Returns how many convolutions were given the request."""
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _CONV2D or not _input_4d(node):
+            continue
+        with gm.graph.inserting_before(node):
+            request = gm.graph.call_method("contiguous", (node.args[0],), {"memory_format": torch.channels_last})
+        node.update_arg(0, request)
+        changed += 1
+    if changed:
+        _outputs_as_eager_lays_them_out(gm)
+        gm.recompile()
+    return changed
+
+
+def _outputs_as_eager_lays_them_out(gm: fx.GraphModule) -> None:
+    """Each output tensor that eager makes contiguous (dynamo's example value) asked for
+    ``contiguous()``: a no-op unless the channels-last activations reached it."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+
+    def restored(a):
+        val = a.meta.get("example_value")
+        if not (isinstance(val, torch.Tensor) and val.dim() >= 2 and val.is_contiguous()):
+            return a
+        with gm.graph.inserting_before(output):
+            return gm.graph.call_method("contiguous", (a,))
+
+    output.args = fx.node.map_arg(output.args, restored)
