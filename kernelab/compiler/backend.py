@@ -119,15 +119,17 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
 
     opts = parse(mode, options)  # a mode or option we lack raises here
     config.batch_norm_forward()  # so does a bad KERNELAB_BN_FORWARD, not as every graph's fallback
-    if config.conv_layout() == "channels_last":  # NHWC activations for cuDNN and the norms' reductions
-        conv_layout.channels_last_convolutions(gm)
+    # NHWC activations for cuDNN and the norms' reductions (undone below where the graph needs NCHW)
+    layout_requests = conv_layout.channels_last_convolutions(gm) if config.conv_layout() == "channels_last" else []
     pairing = cudagraphs.Pairing()
     direct = []  # the inference graph's own call, where aot_autograd's runtime wrapper has no work
     autocast = torch._C._is_any_autocast_enabled()  # aot_autograd turns it off around the compilers
     saved_bounds: dict = {}  # the forward's proofs of index ranges, for the backward (bounds.py)
+    started = []  # the graphs handed to kernelab's compiler so far
 
     def compiler(kind):
         def compile_fn(fx_gm, inputs):
+            started.append(kind)
             recorder = ACTIVE_PLAN[0]
             if recorder is not None:
                 recorder.suppress += 1  # tracing runs ops too: none of them is a kernel of the call
@@ -151,8 +153,8 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
             return call
         return torch._disable_dynamo(compile_fn)  # a backward compiled inside a traced frame
 
-    try:
-        compiled = aot_module_simplified(
+    def traced():
+        return aot_module_simplified(
             gm, example_inputs, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"), decompositions=decompositions(),
             partition_fn=min_cut_rematerialization_partition,
@@ -161,6 +163,23 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
             # instead of a copy_ per input in aot_autograd's epilogue
             keep_inference_input_mutations=True,
         )
+
+    try:
+        try:
+            compiled = traced()
+        except torch._dynamo.exc.RestartAnalysis:
+            raise
+        except Exception as exc:
+            if not layout_requests or started:  # not the layout's doing: nothing to take back
+                raise
+            # the program needs the layout it was written for (``x.view(n, -1)`` of an activation
+            # that channels-last made non-contiguous raises): traced again as dynamo made it
+            conv_layout.undo(gm, layout_requests)
+            layout_requests = []
+            if _debug() >= 1:
+                print(f"kernelab: convolutions kept in the traced layout ({type(exc).__name__}: {exc})",
+                      file=sys.stderr)
+            compiled = traced()
     except torch._dynamo.exc.RestartAnalysis:
         # dynamo's own control flow, not a failure: it re-traces the frame (a float scalar made a
         # tensor, say) and calls the backend again. Caught below, the graph ran eagerly instead:
@@ -172,6 +191,8 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
         why = f"aot_autograd failed on this graph ({type(exc).__name__}: {exc}): it runs eagerly"
         record_fallback("graph", "dynamo graph", why)
         _say_fallback(why)
+        if layout_requests:  # eager runs the program as written
+            conv_layout.undo(gm, layout_requests)
         return gm.forward
     return _direct_inference(direct[0]) if direct else compiled
 

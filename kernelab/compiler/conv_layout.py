@@ -33,33 +33,52 @@ def _input_4d(node: fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() == 4
 
 
-def channels_last_convolutions(gm: fx.GraphModule) -> int:
-    """Ask each batched 2-D convolution of dynamo's graph ``gm`` for a channels-last input, in place.
-    Returns how many convolutions were given the request."""
-    changed = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _CONV2D or not _input_4d(node):
-            continue
+#: ops whose values depend on the strides dynamo traced with (eager's NCHW): no request in such a graph
+_STRIDED = {torch.as_strided, torch.Tensor.as_strided, "as_strided", "as_strided_"}
+
+
+def channels_last_convolutions(gm: fx.GraphModule) -> list:
+    """Ask each batched 2-D convolution of dynamo's graph ``gm`` for a channels-last input, in
+    place, and the graph's outputs for eager's layout. Returns the nodes inserted (``undo`` takes
+    them out again); none where the graph has no such convolution or reads strides
+    (``as_strided``: its values would change with the layout)."""
+    convs = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _CONV2D and _input_4d(n)]
+    if not convs or any(n.op in ("call_function", "call_method") and n.target in _STRIDED for n in gm.graph.nodes):
+        return []
+    inserted = []
+    for node in convs:
         with gm.graph.inserting_before(node):
             request = gm.graph.call_method("contiguous", (node.args[0],), {"memory_format": torch.channels_last})
         node.update_arg(0, request)
-        changed += 1
-    if changed:
-        _outputs_as_eager_lays_them_out(gm)
-        gm.recompile()
-    return changed
+        inserted.append(request)
+    inserted += _outputs_as_eager_lays_them_out(gm)
+    gm.recompile()
+    return inserted
 
 
-def _outputs_as_eager_lays_them_out(gm: fx.GraphModule) -> None:
+def undo(gm: fx.GraphModule, inserted: list) -> None:
+    """Take the nodes ``channels_last_convolutions`` inserted out of ``gm``: the graph as dynamo
+    made it (for a graph that cannot be traced with the new layout: ``x.view(n, -1)`` of a
+    channels-last activation raises)."""
+    for node in reversed(inserted):
+        node.replace_all_uses_with(node.args[0])
+        gm.graph.erase_node(node)
+    gm.recompile()
+
+
+def _outputs_as_eager_lays_them_out(gm: fx.GraphModule) -> list:
     """Each output tensor that eager makes contiguous (dynamo's example value) asked for
     ``contiguous()``: a no-op unless the channels-last activations reached it."""
     output = next(n for n in gm.graph.nodes if n.op == "output")
+    inserted = []
 
     def restored(a):
         val = a.meta.get("example_value")
         if not (isinstance(val, torch.Tensor) and val.dim() >= 2 and val.is_contiguous()):
             return a
         with gm.graph.inserting_before(output):
-            return gm.graph.call_method("contiguous", (a,))
+            inserted.append(gm.graph.call_method("contiguous", (a,)))
+        return inserted[-1]
 
     output.args = fx.node.map_arg(output.args, restored)
+    return inserted

@@ -94,7 +94,8 @@ def test_only_batched_2d_convolutions_are_asked():
     seen = []
 
     def backend(gm, example_inputs):
-        seen.append(conv_layout.channels_last_convolutions(gm))
+        seen.append(sum(n.target == "contiguous" for n in conv_layout.channels_last_convolutions(gm)
+                        if n.kwargs.get("memory_format") is torch.channels_last))
         return gm.forward
 
     conv2, conv1 = nn.Conv2d(3, 4, 3), nn.Conv1d(3, 4, 3)
@@ -111,3 +112,41 @@ def test_a_bad_conv_layout_setting_stops_the_compile(monkeypatch):
     torch._dynamo.reset()
     with pytest.raises(Exception, match="KERNELAB_CONV_LAYOUT must be 'channels_last' or 'traced', not 'nhwc'"):
         torch.compile(lambda x: (x + 1).relu(), backend="kernelab")(torch.randn(4))
+
+
+def test_a_graph_that_needs_nchw_is_traced_as_written(monkeypatch, capsys):
+    """``x.view(n, -1)`` of a convolution's output (LeNet's head) cannot view a channels-last
+    activation: the trace raises, and the graph is traced again without the requests (strict
+    mode too: it is not a fallback), values as eager's."""
+    monkeypatch.setenv("KERNELAB_STRICT", "1")
+    monkeypatch.setenv("KERNELAB_DEBUG", "1")
+    conv, fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8 * 64, 10)
+
+    def lenet(x):
+        y = torch.relu(conv(x))
+        return fc(y.view(y.size(0), -1))
+
+    torch._dynamo.reset()
+    x = _x(2, 3, 8, 8)
+    klc.reset_events()
+    assert_close(torch.compile(lenet, backend="kernelab")(x), lenet(x), what="output")
+    assert "convolutions kept in the traced layout" in capsys.readouterr().err
+    assert klc.events().fallbacks == []
+
+
+def test_a_graph_reading_strides_gets_no_request():
+    """``as_strided`` reads the strides dynamo traced with: the layout would change its values."""
+    conv = nn.Conv2d(3, 4, 3)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(len(conv_layout.channels_last_convolutions(gm)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    x = _x(2, 3, 8, 8)
+    f = lambda x: conv(x).as_strided((2, 4, 3, 3), (144, 36, 6, 1))  # noqa: E731
+    assert_close(torch.compile(f, backend=backend)(x), f(x), what="output")
+    assert seen == [0]
+    torch._dynamo.reset()
+    assert_close(torch.compile(f, backend="kernelab")(x), f(x), what="output")
