@@ -176,9 +176,10 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
             # that channels-last made non-contiguous raises): traced again as dynamo made it
             conv_layout.undo(gm, layout_requests)
             layout_requests = []
+            why = f"convolutions kept in the traced layout ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})"
+            _note(why)
             if _debug() >= 1:
-                print(f"kernelab: convolutions kept in the traced layout ({type(exc).__name__}: {exc})",
-                      file=sys.stderr)
+                print(f"kernelab: {why}", file=sys.stderr)
             compiled = traced()
     except torch._dynamo.exc.RestartAnalysis:
         # dynamo's own control flow, not a failure: it re-traces the frame (a float scalar made a
@@ -194,7 +195,17 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
         if layout_requests:  # eager runs the program as written
             conv_layout.undo(gm, layout_requests)
         return gm.forward
+    if layout_requests:
+        _note(f"{sum(n.kwargs.get('memory_format') is not None for n in layout_requests)} convolution input(s) asked "
+              "for channels-last (KERNELAB_CONV_LAYOUT=traced keeps the program's layouts)")
     return _direct_inference(direct[0]) if direct else compiled
+
+
+def _note(text: str) -> None:
+    """A decision about a whole graph, for the plan being recorded (``kernelab.explain`` lists it)."""
+    recorder = ACTIVE_PLAN[0]
+    if recorder is not None and hasattr(recorder, "notes"):
+        recorder.notes.append(text)
 
 
 def _outside_the_plans_fake_mode(recorder):

@@ -132,6 +132,15 @@ def test_a_graph_that_needs_nchw_is_traced_as_written(monkeypatch, capsys):
     assert_close(torch.compile(lenet, backend="kernelab")(x), lenet(x), what="output")
     assert "convolutions kept in the traced layout" in capsys.readouterr().err
     assert klc.events().fallbacks == []
+    torch._dynamo.reset()
+    notes = klc.explain(lenet, x).notes
+    assert any(n.startswith("convolutions kept in the traced layout (ValueError: Cannot view") for n in notes), notes
+
+
+def test_explain_says_which_convolutions_were_asked():
+    torch._dynamo.reset()
+    notes = klc.explain(_Block().eval(), _x(2, 3, 8, 8)).notes
+    assert "3 convolution input(s) asked for channels-last" in " ".join(notes), notes
 
 
 def test_a_graph_reading_strides_gets_no_request():
