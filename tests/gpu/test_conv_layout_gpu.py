@@ -69,13 +69,16 @@ def test_bottleneck_steps_match_eager(shape):
 
 
 def _conversions(monkeypatch, layout) -> list:
-    """The names of cuDNN's layout-conversion kernels in one compiled training step."""
+    """The names of cuDNN's layout-conversion kernels in one compiled training step of a
+    ResNet-50 bottleneck (256 -> 64 -> 256 channels), TF32 on (torch's default for cuDNN): with it
+    off, cuDNN ran NCHW float32 convolutions without converting (none to compare, H100)."""
     from torch.profiler import ProfilerActivity, profile
 
     monkeypatch.setenv("KERNELAB_CONV_LAYOUT", layout)
+    torch.backends.cudnn.allow_tf32 = True
     torch._dynamo.reset()
-    net = torch.compile(_Bottleneck().cuda(), backend="kernelab")
-    x = torch.randn(16, 64, 56, 56, device="cuda")
+    net = torch.compile(_Bottleneck(256, 64).cuda(), backend="kernelab")
+    x = torch.randn(16, 256, 56, 56, device="cuda")
     for _ in range(2):
         _step(net, x)
     torch.cuda.synchronize()
@@ -87,7 +90,9 @@ def _conversions(monkeypatch, layout) -> list:
 
 def test_fewer_layout_conversions_in_the_step(monkeypatch):
     """cuDNN converts NCHW activations to NHWC and back around each convolution; channels-last,
-    what is left converts weights (NCHW parameters), not activations: at most half as many."""
+    what is left converts weights (NCHW parameters), not activations: at most half as many.
+    (Stop 36: written after the last GPU call; its first version ran with TF32 off and found no
+    conversions at all. ResNet-50's kernel list shows them gone: ``results/zoo_profile_resnet_conv_layout_stop36_h100.txt``.)"""
     nchw, nhwc = _conversions(monkeypatch, "traced"), _conversions(monkeypatch, "channels_last")
     assert nchw, "no conversions with NCHW activations: nothing to compare"
     assert len(nhwc) <= len(nchw) // 2, (len(nhwc), len(nchw))
