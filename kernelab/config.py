@@ -65,7 +65,7 @@ def fast_runner() -> bool:
     return _flag("KERNELAB_FAST_RUNNER", "1") != "0"
 
 
-def _aten_or_generated(name: str, value: str, default: str, choices: tuple = ("aten", "generated")) -> str:
+def _choice(name: str, value: str, default: str, choices: tuple = ("aten", "generated")) -> str:
     value = value or default  # set but empty: the default
     if value not in choices:
         raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, not {value!r}")
@@ -74,14 +74,14 @@ def _aten_or_generated(name: str, value: str, default: str, choices: tuple = ("a
 
 def batch_norm_backward() -> str:
     """KERNELAB_BN_BACKWARD: "aten" (default: the backward op kept whole) or "generated"."""
-    return _aten_or_generated("KERNELAB_BN_BACKWARD", _flag("KERNELAB_BN_BACKWARD", "aten"), "aten")
+    return _choice("KERNELAB_BN_BACKWARD", _flag("KERNELAB_BN_BACKWARD", "aten"), "aten")
 
 
 def batch_norm_forward(on_cpu: bool = False) -> str:
     """KERNELAB_BN_FORWARD: "generated" (training batch norm's forward decomposed into generated
     kernels), "aten" (kept whole, ATen's kernels updating the running statistics), or "auto" (the
     default): "aten" for a graph on CPU tensors (``on_cpu``), else "generated"."""
-    value = _aten_or_generated("KERNELAB_BN_FORWARD", _flag("KERNELAB_BN_FORWARD", "auto"), "auto",
+    value = _choice("KERNELAB_BN_FORWARD", _flag("KERNELAB_BN_FORWARD", "auto"), "auto",
                                ("auto", "aten", "generated"))
     if value == "auto":
         return "aten" if on_cpu else "generated"
@@ -92,7 +92,7 @@ def conv_layout() -> str:
     """KERNELAB_CONV_LAYOUT: "channels_last" (the default: every batched 2-D convolution's input
     asked for channels-last before tracing, ``compiler/conv_layout.py``) or "traced" (the layouts
     as the program makes them)."""
-    return _aten_or_generated("KERNELAB_CONV_LAYOUT", _flag("KERNELAB_CONV_LAYOUT", "channels_last"), "channels_last",
+    return _choice("KERNELAB_CONV_LAYOUT", _flag("KERNELAB_CONV_LAYOUT", "channels_last"), "channels_last",
                               ("channels_last", "traced"))
 
 

@@ -234,6 +234,7 @@ def test_running_statistics_stored_into_the_buffers_through_the_specialized_line
     outputs (they took ``run_values`` there: 17 of tiny ResNet's 55 forward groups with the
     generated norm). Buffers and gradients as eager's after each of three steps."""
     monkeypatch.setenv("KERNELAB_BN_FORWARD", bn_forward)
+    monkeypatch.setenv("KERNELAB_CONV_LAYOUT", "traced")  # the generated norm is for NCHW activations
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1),
                           nn.BatchNorm2d(4))

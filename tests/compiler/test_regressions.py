@@ -1150,6 +1150,7 @@ def test_generated_batch_norm_backward_matches_eager(monkeypatch, channels_last)
     ATen's forward, so that the column kernels counted below are the backward's."""
     monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
     monkeypatch.setenv("KERNELAB_BN_FORWARD", "aten")
+    monkeypatch.setenv("KERNELAB_CONV_LAYOUT", "traced")  # the activations' layout is the parameter's
     torch._dynamo.reset()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
