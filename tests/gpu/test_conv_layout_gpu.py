@@ -91,8 +91,7 @@ def _conversions(monkeypatch, layout) -> list:
 def test_fewer_layout_conversions_in_the_step(monkeypatch):
     """cuDNN converts NCHW activations to NHWC and back around each convolution; channels-last,
     what is left converts weights (NCHW parameters), not activations: at most half as many.
-    (Stop 36: written after the last GPU call; its first version ran with TF32 off and found no
-    conversions at all. ResNet-50's kernel list shows them gone: ``results/zoo_profile_resnet_conv_layout_stop36_h100.txt``.)"""
+    (Its first version ran with TF32 off, and cuDNN converted nothing NCHW: none to compare.)"""
     nchw, nhwc = _conversions(monkeypatch, "traced"), _conversions(monkeypatch, "channels_last")
     assert nchw, "no conversions with NCHW activations: nothing to compare"
     assert len(nhwc) <= len(nchw) // 2, (len(nhwc), len(nchw))
