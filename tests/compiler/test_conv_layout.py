@@ -90,7 +90,8 @@ def test_outputs_keep_eagers_layout():
 
 
 def test_only_batched_2d_convolutions_are_asked():
-    """An unbatched (C, H, W) input and a 1-D convolution are left alone (no request in the graph)."""
+    """An unbatched (C, H, W) input and a 1-D convolution are left alone (no request in the graph),
+    and each compiles to eager's values."""
     seen = []
 
     def backend(gm, example_inputs):
@@ -99,11 +100,14 @@ def test_only_batched_2d_convolutions_are_asked():
         return gm.forward
 
     conv2, conv1 = nn.Conv2d(3, 4, 3), nn.Conv1d(3, 4, 3)
-    torch._dynamo.reset()
-    torch.compile(lambda x: conv2(x), backend=backend)(_x(3, 8, 8))
-    torch.compile(lambda x: conv1(x), backend=backend)(_x(2, 3, 8))
-    torch.compile(lambda x: conv2(x), backend=backend)(_x(2, 3, 8, 8))
+    cases = [(conv2, _x(3, 8, 8)), (conv1, _x(2, 3, 8)), (conv2, _x(2, 3, 8, 8))]
+    for conv, x in cases:
+        torch._dynamo.reset()
+        assert_close(torch.compile(lambda x: conv(x), backend=backend)(x), conv(x), what="output")
     assert seen == [0, 0, 1]
+    for conv, x in cases:
+        torch._dynamo.reset()
+        assert_close(torch.compile(lambda x: conv(x), backend="kernelab")(x), conv(x), what="output")
 
 
 def test_a_bad_conv_layout_setting_stops_the_compile(monkeypatch):

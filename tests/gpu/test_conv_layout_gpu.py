@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from kernelab.compiler.group_runner import interpreted
+from tests.compiler.conftest import rel_norm
 
 pytestmark = pytest.mark.skipif(interpreted() or not torch.cuda.is_available(),
                                 reason="channels-last convolutions on a CUDA GPU")
@@ -40,11 +41,6 @@ def _exact_convolutions(monkeypatch):
     torch.backends.cudnn.allow_tf32 = tf32
 
 
-def _rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / (b.norm() + 1e-12)).item()
-
-
 def _step(model, x):
     model.zero_grad(set_to_none=True)
     xx = x.clone().requires_grad_()
@@ -63,9 +59,9 @@ def test_bottleneck_steps_match_eager(shape):
         want, got = _step(ref, x), _step(compiled, x)
         assert got[0].stride() == want[0].stride(), "the output leaves in eager's layout"
         for a, b in zip(got, want):
-            assert _rel(a, b) < 1e-4, _rel(a, b)
+            assert rel_norm(a, b) < 1e-4, rel_norm(a, b)
     for a, b in zip(compiled.buffers(), ref.buffers()):
-        assert _rel(a.float(), b.float()) < 1e-4
+        assert rel_norm(a, b) < 1e-4
 
 
 def _conversions(monkeypatch, layout) -> list:
