@@ -2,6 +2,7 @@
 """Where a zoo model's step spends its GPU time, per compiler: the top kernels by total CUDA time.
 
     python benchmarks/zoo_profile.py OUT_DIR gpt2:infer llama:train [--modes inductor,kernelab] [--top 15] [--memory] [--cprofile] [--loss-fn]
+        [--threads] [--paths] [--loop S]
 
 Modes: eager, inductor, kernelab, and inductor-cg / kernelab-cg (``mode="reduce-overhead"``: CUDA graphs).
 
@@ -11,7 +12,13 @@ time, kernel count, the step's peak memory, its wall time and the host's share o
 launch every kernel), and the top kernels (calls, total ms, share); writes OUT_DIR/zoo_profile.txt.
 With --memory, one more step runs under torch's allocator history, and the report lists the
 allocations live at that step's peak (the step's own, biggest first, with the Python line that made
-each): where a compiler's peak goes.
+each): where a compiler's peak goes. With --threads, the step is timed again with the backward on
+the calling thread (``torch.autograd.set_multithreading_enabled(False)``): does the hand-over to
+autograd's CUDA thread cost the host time? With --paths (kernelab modes), one step's kernel launches
+are counted by the way they went, per thread: a specialized runner line or a bound call through
+torch's precompiled launcher, ``GroupRunner.run_values`` calls, and Triton's own launch path
+(``kernel[grid](...)``, tens of microseconds of Python each). With --loop S, steps run for S more
+seconds at the end, unmeasured: for a sampling profiler attached to the process (py-spy).
 Needs a CUDA GPU (the device machine).
 """
 from __future__ import annotations
@@ -119,6 +126,64 @@ def _host_and_wall(step, steps: int = 10) -> tuple[list[float], list[float]]:
     return host, wall
 
 
+def _loop(step, seconds: float) -> None:
+    """Steps for ``seconds``, unmeasured (a sampling profiler's window)."""
+    import time
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        step()
+    torch.cuda.synchronize()
+
+
+def _single_thread_lines(step) -> list[str]:
+    """The step timed with the backward on the calling thread: no hand-over to autograd's thread."""
+    with torch.autograd.set_multithreading_enabled(False):
+        step()
+        host, wall = _host_and_wall(step)
+    return [f"  backward on the calling thread (autograd multithreading off): step {statistics.median(wall):.2f} ms, "
+            f"host {statistics.median(host):.2f} ms (medians of {len(wall)} steps; step {min(wall):.2f}-{max(wall):.2f})"]
+
+
+def _launch_path_lines(step) -> list[str]:
+    """One step's kernel launches counted by path and thread (kernelab's runners only)."""
+    import collections
+    import threading
+
+    from triton.runtime.jit import JITFunction
+
+    from kernelab import launch
+    from kernelab.compiler import group_runner
+
+    counts: collections.Counter = collections.Counter()
+    main = threading.main_thread().ident
+
+    def counted(cls, name: str, label: str):
+        original = getattr(cls, name)
+
+        def wrapper(*args, **kwargs):
+            thread = "main" if threading.get_ident() == main else "autograd"
+            counts[(label, thread)] += 1
+            return original(*args, **kwargs)
+        setattr(cls, name, wrapper)
+        return original
+
+    wrapped = [(launch.StaticLauncher, "launch", "torch's precompiled launcher (runner lines, bound calls)"),
+               (group_runner.GroupRunner, "run_values", "GroupRunner.run_values (the unspecialized path)"),
+               (JITFunction, "run", "Triton's launch path (kernel[grid])")]
+    originals = [counted(cls, name, label) for cls, name, label in wrapped]
+    try:
+        step()
+        torch.cuda.synchronize()
+    finally:
+        for (cls, name, _), original in zip(wrapped, originals):
+            setattr(cls, name, original)
+    lines = ["  launches of one step by path (thread):"]
+    for (label, thread), n in sorted(counts.items()):
+        lines.append(f"    {n:6d}  {label} ({thread})")
+    return lines
+
+
 def _area(filename: str, function: str) -> str:
     """Which part of the stack a profiled function belongs to (for the host-time breakdown)."""
     if filename.startswith("<kernelab runner"):
@@ -180,7 +245,8 @@ def _host_profile(step, top: int, out: Path | None = None, steps: int = 5) -> li
 
 
 def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False, cprofile: bool = False,
-                out: Path | None = None, loss_fn: bool = False) -> list[str]:
+                out: Path | None = None, loss_fn: bool = False, threads: bool = False, paths: bool = False,
+                loop_s: float = 0.0) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
     import kernelab.compiler  # noqa: F401 - registers backend="kernelab"
@@ -220,9 +286,14 @@ def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False,
         lines.append(f"  {ms:8.3f} ms {100 * ms / max(total, 1e-9):5.1f}% x{e.count:<4d} {e.key[:110]}")
     if memory:
         lines += _memory_lines(step, top)
+    if threads:
+        lines += _single_thread_lines(step)
+    if paths and mode.startswith("kernelab"):
+        lines += _launch_path_lines(step)
     if cprofile:
         lines += _host_profile(step, top,
                                out / f"host_{name}_{kind}_{mode}.pstats" if out is not None else None)
+    _loop(step, loop_s)
     del model, target
     torch.cuda.empty_cache()
     return lines
@@ -239,6 +310,11 @@ def main() -> None:
                         help="the host's Python functions by own time (forward and backward on one thread), 5 steps")
     parser.add_argument("--loss-fn", action="store_true",
                         help="compile the loss function as models.py does (logits not returned), not the model")
+    parser.add_argument("--threads", action="store_true",
+                        help="time the step again with the backward on the calling thread")
+    parser.add_argument("--paths", action="store_true", help="count one step's launches by path and thread")
+    parser.add_argument("--loop", type=float, default=0.0, metavar="S",
+                        help="run steps for S more seconds at the end, unmeasured (for py-spy)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("zoo_profile.py: needs a CUDA GPU (run it on the device machine)")
@@ -249,7 +325,7 @@ def main() -> None:
         for mode in args.modes.split(","):
             try:
                 lines = profile_one(name, kind or "train", mode, args.top, args.memory, args.cprofile, args.out,
-                                    args.loss_fn)
+                                    args.loss_fn, args.threads, args.paths, args.loop)
             except Exception as exc:  # noqa: BLE001 - one failure must not end the run
                 lines = [f"== {name} {kind} {mode}: failed: {type(exc).__name__}: {exc}"]
             print("\n".join(lines), flush=True)

@@ -38,7 +38,8 @@ __all__ = ["one_hot_indexing", "multiplications_by_one", "unsqueezed_repeats", "
            "conv_biases_as_adds", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norm_forwards_decomposed", "batch_norms_in_place", "cuda_clamps_without_nan_bounds", "gathers_before_casts",
            "truth_reductions_as_extremes", "common_subexpressions", "prologues_in_row_space",
-           "middle_dims_kept_as_rows_then_columns", "batch_norm_statistics_as_rows_then_columns", "buffer_copies",
+           "middle_dims_kept_as_rows_then_columns", "batch_norm_statistics_as_rows_then_columns",
+           "batch_norm_statistics_as_columns", "innermost_kept_sums_as_columns", "buffer_copies",
            "rewrite"]
 
 aten = torch.ops.aten
@@ -52,8 +53,8 @@ def rewrite(gm: fx.GraphModule) -> int:
             + fills_without_inputs(gm) + cats_without_empties(gm) + pads_as_cats(gm) + slices_through_cats(gm)
             + scatters_as_cats(gm)
             + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
-            + batch_norm_statistics_as_rows_then_columns(gm)
-            + full_reductions_as_rows(gm) + middle_dims_kept_as_rows_then_columns(gm)
+            + batch_norm_statistics_as_columns(gm) + batch_norm_statistics_as_rows_then_columns(gm)
+            + full_reductions_as_rows(gm) + innermost_kept_sums_as_columns(gm) + middle_dims_kept_as_rows_then_columns(gm)
             + trailing_reductions_as_rows(gm) + prologues_in_row_space(gm) + aranges_as_constants(gm)
             + one_hot_indexing(gm) + casts_through_views(gm) + gathers_before_casts(gm)
             + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
@@ -605,6 +606,146 @@ def batch_norm_statistics_as_rows_then_columns(gm: fx.GraphModule) -> int:
             continue
         count += _statistics_in_rows(gm, node, *split)
     return _cleanup(gm, count)
+
+
+def batch_norm_statistics_as_columns(gm: fx.GraphModule) -> int:
+    """The same variance (and the sum beside it) of a tensor whose kept dim is the innermost in
+    memory (a channels-last activation, ``conv_layout.py``: (N, C, H, W) stored as N, H, W, C)
+    -> one column kernel: the tensor is read as its memory lays it out, M = N * H * W rows of C
+    columns (a permuted view: no copy), and each channel's sums are a column reduction
+    (``columns.py``), shifted by the channel's first value ``s = x[0, c, 0, 0]``:
+    ``S1 = sum(x - s)``, ``S2 = sum((x - s)^2)``; the mean is ``s + S1 / M`` and the sum of
+    squared deviations ``S2 - S1^2 / M``. Both sums in one pass over the tensor, where ATen's
+    channels-last norm reads it for its statistics and again for the output: the output's
+    ``(x - mean) * rstd`` joins the kernel after it (the ReLU, the residual add), and the
+    running statistics the column kernel's per-column epilogue.
+
+    The shift keeps the difference from cancelling: ``x - s`` is of the order of the channel's
+    spread wherever its values sit (``E[x^2] - mean^2`` in float32 loses every digit of a channel
+    at 1000 +- 1); ``S2 - S1^2 / M`` then loses only what ``(mean - s)^2`` outweighs the variance,
+    a few bits for one sample's distance from the mean. Only static shapes and float32/float64."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _VARIANCES:
+            continue
+        perm = _innermost_kept(node)
+        if perm is not None:
+            count += _statistics_in_columns(gm, node, perm)
+    return _cleanup(gm, count)
+
+
+def _innermost_kept(node, dtypes=(torch.float32, torch.float64)) -> list | None:
+    """The permutation that moves the one dim reduction ``node`` keeps to the end, where that dim
+    is the innermost in memory and the permuted view is contiguous (a channels-last tensor's
+    channels); else None."""
+    src = fusion.value(node.args[0])
+    if not (isinstance(src, torch.Tensor) and src.dtype in dtypes
+            and fusion.static_shape(src) and src.numel() > 0 and src.dim() >= 3):
+        return None
+    rank = src.dim()
+    kept = sorted(set(range(rank)) - {d % rank for d in _dims(node)})
+    if len(kept) != 1 or kept[0] == rank - 1 or src.shape[kept[0]] == 1:
+        return None
+    perm = [d for d in range(rank) if d != kept[0]] + kept
+    return perm if src.permute(perm).is_contiguous() else None
+
+
+def _statistics_in_columns(gm, var_node, perm: list) -> int:
+    correction = _correction(var_node)
+    if correction is None:
+        return 0
+    x = var_node.args[0]
+    src, val = fusion.value(x), fusion.value(var_node)
+    sums = [u for u in x.users if u.op == "call_function" and u.target in (prims.sum.default, aten.sum.dim_IntList)
+            and sorted(d % src.dim() for d in _dims(u)) == sorted(d % src.dim() for d in _dims(var_node))
+            and not fusion.bound_args(u).get("keepdim") and fusion.value(u).dtype == val.dtype]
+    channels = src.shape[perm[-1]]
+    rows = src.numel() // channels
+    if rows - correction <= 0:
+        return 0
+    b = _Builder(gm, var_node, val)
+    try:
+        # memory order, (N, H, W, C); a cast before it (a float16 norm's) recomputed on the view
+        matrix = _permuted(b, x, perm, _recomputable, {})
+        shift = _first_sample(b, x, perm[-1])  # one value per channel
+        deviation = b.op(aten.sub.Tensor, matrix, shift)
+        lead = list(range(len(perm) - 1))
+        s1 = b.op(aten.sum.dim_IntList, deviation, lead)
+        s2 = b.op(aten.sum.dim_IntList, b.op(aten.mul.Tensor, deviation, deviation), lead)
+        squares = b.op(aten.sub.Tensor, s2, b.op(aten.div.Tensor, b.op(aten.mul.Tensor, s1, s1), float(rows)))
+        new_var = b.op(aten.div.Tensor, squares, float(rows) - correction)
+        mean = b.op(aten.add.Tensor, shift, b.op(aten.div.Tensor, s1, float(rows)))
+        new_sums = [b.op(aten.mul.Tensor, mean, float(rows)) for _ in sums]
+        if any(fusion.value(n).shape != val.shape for n in [new_var, *new_sums]):
+            raise ValueError("the statistics' shape differs")
+    except Exception:  # noqa: BLE001 - a value the ops do not take: left as it was
+        b.undo()
+        return 0
+    var_node.replace_all_uses_with(new_var)
+    for old, new in zip(sums, new_sums):
+        old.replace_all_uses_with(new)
+    return 1
+
+
+def innermost_kept_sums_as_columns(gm: fx.GraphModule) -> int:
+    """``sum``/``mean`` over every dim but one, where the kept dim is the innermost in memory (a
+    batch norm's backward over a channels-last activation: ``sum(dy, (0, 2, 3))`` and
+    ``sum(dy * (x - mean), (0, 2, 3))``) -> the same reduction over the leading dims of a
+    permuted view with the kept dim last (memory order: no copy), a column reduction
+    (``columns.py``). A pointwise chain feeding it (the ReLU's backward, ``dy * (x - mean)``) is
+    recomputed on its operands' permuted views, so it is the column kernel's prologue and two sums
+    of one chain share that kernel; no template took the reduction as it was, and ATen ran it
+    beside a kernel writing the whole chain for it. Static shapes, float sums."""
+    count, memo = 0, {}  # node -> its permuted node, shared: a chain two sums read is made once
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _TRAILING:
+            continue
+        perm = _innermost_kept(node, (torch.float32, torch.float16, torch.bfloat16))
+        if perm is None:
+            continue
+        val = fusion.value(node)
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        extra = {"dtype": node.kwargs["dtype"]} if node.kwargs.get("dtype") is not None else {}
+        b = _Builder(gm, node, val)
+        try:
+            moved = _permuted(b, node.args[0], perm, _recomputable, memo)
+            new = b.op(node.target, moved, list(range(len(perm) - 1)), False, **extra)
+            if keepdim:
+                new = b.op(aten.view.default, new, list(val.shape))
+            if fusion.value(new).shape != val.shape or fusion.value(new).dtype != val.dtype:
+                raise ValueError("the reduction's value differs")
+        except Exception:  # noqa: BLE001 - a value the ops do not take: left as it was
+            b.undo()
+            memo.clear()  # (it may hold nodes just undone)
+            continue
+        node.replace_all_uses_with(new)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _first_sample(b: _Builder, node: fx.Node, kept: int) -> fx.Node:
+    """``node``'s values at index 0 of every dim but ``kept``: taken from the tensor in memory,
+    through a chain of one-operand pointwise ops (casts) recomputed on them; ValueError for a
+    chain of several tensor operands."""
+    if _recomputable(node):
+        tensors = [a for a in node.args if isinstance(a, fx.Node) and isinstance(fusion.value(a), torch.Tensor)
+                   and fusion.value(a).dim() > 0]
+        if len(tensors) != 1 or fusion.value(tensors[0]).shape != fusion.value(node).shape:
+            raise ValueError("a sample of a chain of several tensors")
+        first = _first_sample(b, tensors[0], kept)
+        return b.op(node.target, *[first if a is tensors[0] else a for a in node.args], **node.kwargs)
+    sample = node
+    for d in reversed(range(fusion.value(node).dim())):
+        if d != kept:
+            sample = b.op(aten.select.int, sample, d, 0)
+    return sample
+
+
+def _recomputable(node) -> bool:
+    """A pointwise op ``innermost_kept_sums_as_columns`` recomputes on permuted operands (whatever
+    else reads it: the original stays for them)."""
+    return (_pointwise_source(node) and not any(isinstance(a, (list, tuple)) for a in node.args)
+            and not any(isinstance(v, fx.Node) for v in node.kwargs.values()))
 
 
 def _channel_split(node) -> tuple | None:
@@ -1293,25 +1434,31 @@ def _in_tree(node) -> bool:
     return (elementwise or fusion.is_cat(node)) and not by_keyword and fusion.classify(node)[0] == "pointwise"
 
 
-def _permuted(b: _Builder, node: fx.Node, perm: list) -> fx.Node:
-    """``permute(node, perm)``, computed from permuted leaves where ``node`` is in the tree."""
+def _permuted(b: _Builder, node: fx.Node, perm: list, member=_in_tree, memo: dict | None = None) -> fx.Node:
+    """``permute(node, perm)``, computed from permuted leaves where ``node`` is in the tree
+    (``member(node)``); ``memo`` (node -> its permuted node) shares what is made between calls."""
+    if memo is not None and node in memo:
+        return memo[node]
     rank, val = len(perm), fusion.value(node)
-    if not _in_tree(node) or val.dim() != rank:
+    if not member(node) or val.dim() != rank:
         if val.dim() < rank:  # a broadcast operand: the same values at the tree's rank
             node = b.op(aten.view.default, node, [1] * (rank - val.dim()) + list(val.shape))
-        return b.op(aten.permute.default, node, perm)
+        out = b.op(aten.permute.default, node, perm)
+    elif fusion.is_cat(node):
+        pieces = [_permuted(b, p, perm, member, memo) for p in node.args[0]]
+        out = b.op(node.target, pieces, perm.index(fusion.cat_dim(node)))
+    else:
+        def operand(a):
+            if not isinstance(a, fx.Node) or not isinstance(fusion.value(a), torch.Tensor) or fusion.value(a).dim() == 0:
+                return a  # numbers and single values broadcast alike in any order
+            if fusion.value(a).dim() > rank:
+                raise ValueError("an operand of higher rank than the tree")
+            return _permuted(b, a, perm, member, memo)
 
-    def operand(a):
-        if not isinstance(a, fx.Node) or not isinstance(fusion.value(a), torch.Tensor) or fusion.value(a).dim() == 0:
-            return a  # numbers and single values broadcast alike in any order
-        if fusion.value(a).dim() > rank:
-            raise ValueError("an operand of higher rank than the tree")
-        return _permuted(b, a, perm)
-
-    if fusion.is_cat(node):
-        pieces = [_permuted(b, p, perm) for p in node.args[0]]
-        return b.op(node.target, pieces, perm.index(fusion.cat_dim(node)))
-    return b.op(node.target, *[operand(a) for a in node.args], **node.kwargs)
+        out = b.op(node.target, *[operand(a) for a in node.args], **node.kwargs)
+    if memo is not None:
+        memo[node] = out
+    return out
 
 
 def _lone_view_into_copy(node) -> fx.Node | None:
@@ -1426,8 +1573,10 @@ def batch_norm_forwards_decomposed(gm: fx.GraphModule, table: dict) -> int:
 
 
 def _contiguous_input(node: fx.Node) -> bool:
+    """Contiguous, or channels-last (``batch_norm_statistics_as_columns`` reads its statistics)."""
     val = fusion.value(node.args[0])
-    return isinstance(val, torch.Tensor) and val.is_contiguous()
+    return isinstance(val, torch.Tensor) and (
+        val.is_contiguous() or (val.dim() == 4 and val.is_contiguous(memory_format=torch.channels_last)))
 
 
 def _decomposed_in_place(gm: fx.GraphModule, node: fx.Node, table: dict) -> int:

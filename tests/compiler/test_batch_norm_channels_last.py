@@ -1,0 +1,177 @@
+"""Training batch norm generated on channels-last activations (the layout ``conv_layout.py`` gives
+convolution graphs by default): each norm's statistics are one column kernel over the tensor as
+memory holds it, (N * H * W) rows of C columns (``rewrites.batch_norm_statistics_as_columns``),
+with the running statistics stored by its per-column epilogue; the backward's per-channel sums
+likewise, with the ReLU's backward as their prologue (``rewrites.innermost_kept_sums_as_columns``).
+Outputs, gradients and buffers against eager; the plans' kernels; the variance's digits."""
+import copy
+
+import pytest
+import torch
+
+import kernelab.compiler as klc
+from tests.compiler.conftest import REL, assert_close, gradients_off, rel_norm
+from tests.compiler.test_batch_norm import _compare, _conv_bn_relu, _r
+
+
+@pytest.fixture(autouse=True)
+def _generated_norms_channels_last(monkeypatch):
+    monkeypatch.setenv("KERNELAB_CONV_LAYOUT", "channels_last")
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    monkeypatch.setenv("KERNELAB_STRICT", "1")
+
+
+class _Block(torch.nn.Module):
+    """A residual block as ResNet's: conv-bn-relu, conv-bn, a 1x1 conv-bn shortcut, add, ReLU."""
+
+    def __init__(self, c_in, c):
+        super().__init__()
+        self.body = torch.nn.Sequential(_conv_bn_relu(c_in, c), torch.nn.Conv2d(c, c, 3, padding=1, bias=False),
+                                        torch.nn.BatchNorm2d(c))
+        self.short = torch.nn.Sequential(torch.nn.Conv2d(c_in, c, 1, bias=False), torch.nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.short(x))
+
+
+def _conv_bn(c_in, c, k, **norm):
+    """A bias-free convolution (a bias before a norm has a gradient of zero in exact arithmetic:
+    noise on every side) and a norm."""
+    return torch.nn.Sequential(torch.nn.Conv2d(c_in, c, k, bias=False), torch.nn.BatchNorm2d(c, **norm))
+
+
+CASES = {
+    "conv-bn-relu": (lambda: _conv_bn_relu(3, 8), (4, 3, 10, 9)),
+    "residual block": (lambda: _Block(3, 6), (2, 3, 7, 7)),
+    "batch of one": (lambda: _conv_bn(2, 5, 1), (1, 2, 8, 8)),
+    "no affine": (lambda: _conv_bn(3, 4, 3, affine=False), (3, 3, 8, 8)),
+    "momentum None": (lambda: _conv_bn(3, 4, 3, momentum=None), (3, 3, 8, 8)),
+    "1x1 spatial": (lambda: _conv_bn(3, 4, 1), (8, 3, 1, 1)),
+    "many channels": (lambda: _conv_bn_relu(3, 160), (2, 3, 5, 5)),
+}
+
+
+@pytest.mark.parametrize("backward", ["aten", "generated"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_channels_last_norms_match_eager(monkeypatch, case, backward):
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", backward)
+    make, shape = CASES[case]
+    torch.manual_seed(0)
+    _compare(make(), _r(*shape))
+
+
+def test_float16_norm_as_close_to_float32_as_eagers():
+    """A float16 model: the statistics of the float32 cast, the cast recomputed in the column
+    kernel. Each gradient at most as far from the float32 model's as eager float16's (+ slack)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(_conv_bn_relu(3, 8), torch.nn.Conv2d(8, 4, 1))
+    x = _r(2, 3, 8, 8) + 2
+
+    def grads(model, inp, run=None):
+        y = (run or model)(inp)
+        (y.float() * torch.linspace(-1, 1, y.numel()).view(y.shape)).sum().backward()
+        return {n: p.grad.float() for n, p in model.named_parameters()}
+
+    want = grads(copy.deepcopy(net), x)
+    eager = grads(copy.deepcopy(net).half(), x.half())
+    torch._dynamo.reset()
+    half = copy.deepcopy(net).half()
+    have = grads(half, x.half(), torch.compile(half, backend="kernelab"))
+    for name in want:
+        assert rel_norm(have[name], want[name]) <= rel_norm(eager[name], want[name]) + 2e-3, name
+
+
+def _plan(net, shape):
+    x, g = _r(*shape), _r(*net(_r(*shape)).shape, seed=1)
+
+    def step(x, g):
+        net(x).backward(g)
+
+    return klc.explain(step, x, g)
+
+
+@pytest.mark.parametrize("backward", ["aten", "generated"])
+def test_a_norm_is_one_column_kernel_and_its_transform(monkeypatch, backward):
+    """Forward: per norm one column kernel (the statistics, the running statistics stored in place)
+    and the transform fused with the ReLU; no ATen norm, no row kernel. Backward generated: per
+    norm one column kernel (both per-channel sums, the ReLU's backward recomputed in it) and the
+    input gradient's kernel; no ATen reduction."""
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", backward)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(_conv_bn_relu(3, 8), _conv_bn_relu(8, 8))
+    forward, backward_graph = _plan(net, (2, 3, 8, 8)).graphs
+    assert not [op for _, op, _ in forward.eager if "batch_norm" in op or "copy_" in op], forward.eager
+    assert len(forward.stored) == 4, forward.stored  # running mean and variance of both norms
+    kinds = sorted(g.kind for g in forward.groups if g.name != "kl_fused_copy")  # (the input's layout)
+    assert kinds == ["column"] * 2 + ["pointwise"] * 2, [(g.name, g.kind) for g in forward.groups]
+    if backward == "generated":
+        left = [op for _, op, _ in backward_graph.eager if "sum" in op or "batch_norm" in op]
+        assert not left, backward_graph.eager
+        columns = [g for g in backward_graph.groups if g.kind == "column"]
+        # the second norm's sums read the incoming gradient, the first's the ReLU's backward too
+        assert len(columns) == 2, [(g.name, g.kind) for g in backward_graph.groups]
+    _compare(net, _r(2, 3, 8, 8))
+
+
+def test_statistics_keep_their_digits_at_a_large_mean():
+    """Values at 1000 +- 1, channels-last: the sums shifted by each channel's first value keep
+    the variance's digits where E[x^2] - mean^2 in float32 loses them all."""
+    torch._dynamo.reset()
+    x = (1000 + _r(5, 6, 7, 9)).contiguous(memory_format=torch.channels_last)
+    naive = (x.square().mean((0, 2, 3)) - x.mean((0, 2, 3)).square())
+    exact = x.double().var((0, 2, 3), unbiased=False)
+    assert ((naive.double() - exact).abs() / exact).max() > 1e-2  # the case is hard for sums of squares
+
+    bn64, bn = torch.nn.BatchNorm2d(6).double(), torch.nn.BatchNorm2d(6)
+    bn64(x.double())
+    torch.compile(bn, backend="kernelab")(x)
+    assert ((bn.running_var.double() - bn64.running_var).abs() / bn64.running_var).max() < 1e-5
+    assert ((bn.running_mean.double() - bn64.running_mean).abs() / bn64.running_mean).max() < 1e-6
+
+
+def test_sums_over_all_but_the_channels_are_column_kernels():
+    """Outside batch norm: ``(a * b).sum((0, 2, 3))`` and a mean with ``keepdim`` of
+    channels-last tensors (a conv bias's gradient is such a sum): column reductions, both in one
+    kernel (they walk the same rows)."""
+    torch._dynamo.reset()
+    a = _r(2, 5, 6, 7).contiguous(memory_format=torch.channels_last)
+    b = _r(2, 5, 6, 7, seed=1).contiguous(memory_format=torch.channels_last)
+
+    def f(a, b):
+        return (a * b).sum((0, 2, 3)), torch.relu(a).mean((0, 2, 3), keepdim=True)
+
+    got = torch.compile(f, backend="kernelab")(a, b)
+    for x, y in zip(got, f(a, b)):
+        assert_close(x, y, what="per-channel sum")
+    groups = klc.explain(f, a, b).graphs[0].groups
+    assert [g.kind for g in groups] == ["column"], [(g.name, g.kind) for g in groups]
+
+
+def test_resnet_training_step_with_norms_generated(monkeypatch):
+    """The zoo's ResNet, norms' forward and backward generated, channels-last: loss, every
+    gradient and running statistic against eager, nothing fallen back."""
+    from kernelab.zoo import ZOO
+
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    zm = ZOO["resnet"]
+    model, inputs = zm.build("tiny")
+    ref_model = copy.deepcopy(model)
+    ref_loss = zm.loss(ref_model, inputs)
+    ref_loss.backward()
+    klc.reset_events()
+    loss = zm.loss(torch.compile(model, backend="kernelab"), inputs)
+    loss.backward()
+    events = klc.events()
+    assert events.fallbacks == [] and events.kernels_launched > 0, str(events)
+    assert rel_norm(loss.detach(), ref_loss.detach()) < REL
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    ref = {n: p.grad for n, p in ref_model.named_parameters() if p.grad is not None}
+    assert not gradients_off(grads, ref), gradients_off(grads, ref)
+    for (n, a), (_, b) in zip(model.named_buffers(), ref_model.named_buffers()):
+        if a.is_floating_point():  # (a mean that is 0 in exact arithmetic is noise on both sides)
+            assert torch.allclose(a, b, rtol=REL, atol=1e-6), (n, (a - b).abs().max())
+        else:
+            assert torch.equal(a, b), n
