@@ -8,7 +8,8 @@
 #      backward), both passes generated (kernelab-bnall), ATen's norm (kernelab-bnaten: stop 36);
 #   3. ResNet-50's kernels, GPU time and peak (zoo_profile.py) under the default and bnall;
 #   4. ConvNeXt-T's step (its per-channel sums of channels-last gradients are column kernels now).
-# Call 1 (T5's and Mixtral's host time: --threads, --paths, --cprofile) is this script at 625a2dc.
+# Call 1: zoo_profile.py OUT t5:train --modes inductor,kernelab --loss-fn --threads --paths --cprofile --top 30,
+# then mixtral:train likewise without --cprofile (results/zoo_profile_*_threads_stop37_h100.txt).
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
