@@ -8,6 +8,10 @@
 #      backward), both passes generated (kernelab-bnall), ATen's norm (kernelab-bnaten: stop 36);
 #   3. ResNet-50's kernels, GPU time and peak (zoo_profile.py) under the default and bnall;
 #   4. ConvNeXt-T's step (its per-channel sums of channels-last gradients are column kernels now).
+# Call 3 (CALL=3): every GPU test (call 2's ran interpreted: tests/gpu/test_conv_layout_gpu.py imported
+# tests/compiler/conftest.py, which sets TRITON_INTERPRET; fixed), then ConvNeXt-T's step under
+# stop 36's code (.old36: `git archive 50573a4 kernelab benchmarks/host_events.py`, carried) and
+# this code, one process each: do the new column sums (innermost_kept_sums_as_columns) cost time?
 # Call 1: zoo_profile.py OUT t5:train --modes inductor,kernelab --loss-fn --threads --paths --cprofile --top 30,
 # then mixtral:train likewise without --cprofile (results/zoo_profile_*_threads_stop37_h100.txt).
 set -uo pipefail
@@ -17,6 +21,19 @@ left() {  # seconds a step may take: its own limit, or what is left of the call'
     local rest=$((LIMIT - SECONDS)); echo $(( rest < $1 ? (rest > 5 ? rest : 5) : $1 ))
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+if [ "${CALL:-2}" = 3 ]; then
+    timeout "$(left 240)" python3 -m pytest tests/gpu -q -p no:cacheprovider -W ignore -rf --tb=short \
+        > "$OUT/gpu_tests.txt" 2>&1
+    echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | head -12
+    for code in new old; do
+        if [ "$code" = old ]; then root="$PWD/.old36"; else root="$PWD"; fi
+        [ -d "$root/kernelab" ] || continue
+        timeout "$(left 150)" env PYTHONPATH="$root" python3 "$root/benchmarks/host_events.py" "$OUT/he_convnext_$code" \
+            convnext:train --loss-fn --no-events --modes inductor,kernelab --rounds 3 > "$OUT/host_events_convnext_$code.log" 2>&1
+        echo "host_events convnext ($code code) rc=$? (${SECONDS}s)"; grep "==\|failed" "$OUT/host_events_convnext_$code.log" | cut -c1-230
+    done
+    exit 0
+fi
 timeout "$(left 90)" python3 -m pytest tests/gpu/test_batch_norm_gpu.py tests/gpu/test_conv_layout_gpu.py -q \
     -p no:cacheprovider -W ignore -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED|Error" "$OUT/gpu_tests.txt" | head -10

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from kernelab.compiler.group_runner import interpreted
-from tests.compiler.conftest import rel_norm
+from tests.closeness import rel_norm
 
 pytestmark = pytest.mark.skipif(interpreted() or not torch.cuda.is_available(),
                                 reason="channels-last convolutions on a CUDA GPU")
