@@ -1559,9 +1559,9 @@ def batch_norm_forwards_decomposed(gm: fx.GraphModule, table: dict) -> int:
     before aot_autograd, the backward was autograd's derivative of the decomposition, several
     kernels of its own whatever ``KERNELAB_BN_BACKWARD`` said.
 
-    A norm whose input is not contiguous (channels-last activations, ``conv_layout.py``) stays
-    ATen's: its statistics are not rows of H * W values there, and ATen's channels-last kernels
-    reduce them as columns at full bandwidth."""
+    A norm whose input is contiguous has its statistics as rows of H * W values
+    (``batch_norm_statistics_as_rows_then_columns``); a channels-last one (``conv_layout.py``) as
+    columns of C (``batch_norm_statistics_as_columns``); any other layout stays ATen's."""
     op = aten._native_batch_norm_legit_functional.default
     if op not in table:
         return 0

@@ -2,8 +2,9 @@
 as a row and a column kernel (``rewrites.batch_norm_statistics_as_rows_then_columns``), and
 copies into graph inputs stored by the kernels that compute them (``graph.absorb_copies``):
 outputs, gradients, running statistics and ``num_batches_tracked`` against eager. Convolutions keep
-the layouts the program makes here (``KERNELAB_CONV_LAYOUT=traced``): the generated forward is for
-contiguous (NCHW) activations; channels-last ones keep ATen's norm (``tests/compiler/test_conv_layout.py``)."""
+the layouts the program makes here (``KERNELAB_CONV_LAYOUT=traced``): NCHW activations, whose
+statistics are rows; channels-last ones, whose statistics are columns, are
+``tests/compiler/test_batch_norm_channels_last.py``'s."""
 import copy
 
 import pytest
@@ -81,7 +82,7 @@ def test_generated_batch_norm_forward_matches_eager(monkeypatch, case, backward)
 @pytest.mark.parametrize("layout", ["channels_last", "float16", "momentum None", "no running stats"])
 def test_generated_batch_norm_forward_other_settings(monkeypatch, layout):
     """Layouts and settings where the statistics rewrite or the in-place stores do not apply as
-    planned (a channels-last tensor's trailing dims are not contiguous rows; float16 statistics
+    planned (a channels-last tensor's statistics are columns, not rows; float16 statistics
     are computed from a float32 copy; a cumulative average reads ``num_batches_tracked`` in the
     graph): still as eager."""
     monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")

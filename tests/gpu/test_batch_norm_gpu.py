@@ -19,8 +19,8 @@ def _strict(monkeypatch):
     """A compiler failure raises here instead of falling back to ATen unseen."""
     monkeypatch.setenv("KERNELAB_STRICT", "1")
     monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
-    # the generated norm is for NCHW activations: channels-last ones keep ATen's (and cuDNN's TF32
-    # convolutions on NHWC differ from eager's NCHW ones by ~3e-4: tests/gpu/test_conv_layout_gpu.py)
+    # NCHW activations (statistics as rows); channels-last ones (columns) are test_conv_layout_gpu.py's
+    # (cuDNN's TF32 convolutions on NHWC differ from eager's NCHW ones by ~3e-4)
     monkeypatch.setenv("KERNELAB_CONV_LAYOUT", "traced")
     torch._dynamo.reset()
 
