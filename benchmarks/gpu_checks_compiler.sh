@@ -12,6 +12,9 @@
 # tests/compiler/conftest.py, which sets TRITON_INTERPRET; fixed), then ConvNeXt-T's step under
 # stop 36's code (.old36: `git archive 50573a4 kernelab benchmarks/host_events.py`, carried) and
 # this code, one process each: do the new column sums (innermost_kept_sums_as_columns) cost time?
+# Call 4 (CALL=4): T5's training steps sampled by py-spy (carried wheel in .whl), Python frames only
+# (call 1's --native fell behind), every thread, idle samples kept (a thread waiting for the GIL or
+# the GPU shows so): Inductor and kernelab, one process each, 25 s of steps after the compile.
 # Call 1: zoo_profile.py OUT t5:train --modes inductor,kernelab --loss-fn --threads --paths --cprofile --top 30,
 # then mixtral:train likewise without --cprofile (results/zoo_profile_*_threads_stop37_h100.txt).
 set -uo pipefail
@@ -21,6 +24,18 @@ left() {  # seconds a step may take: its own limit, or what is left of the call'
     local rest=$((LIMIT - SECONDS)); echo $(( rest < $1 ? (rest > 5 ? rest : 5) : $1 ))
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+if [ "${CALL:-2}" = 4 ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/spy .whl/py_spy*.whl \
+        && export PATH="/tmp/spy/bin:$PATH"
+    for mode in kernelab inductor; do
+        timeout "$(left 260)" py-spy record -r 100 --threads --idle -f raw -o "$OUT/pyspy_t5_$mode.txt" -- \
+            python3 benchmarks/zoo_profile.py "$OUT/zp_spy_$mode" t5:train --modes "$mode" --loss-fn --loop 25 \
+            > "$OUT/pyspy_t5_$mode.log" 2>&1
+        echo "py-spy t5 $mode rc=$? (${SECONDS}s)"; grep "^==" "$OUT/pyspy_t5_$mode.log" | cut -c1-200
+        tail -2 "$OUT/pyspy_t5_$mode.log" | cut -c1-200
+    done
+    exit 0
+fi
 if [ "${CALL:-2}" = 3 ]; then
     timeout "$(left 240)" python3 -m pytest tests/gpu -q -p no:cacheprovider -W ignore -rf --tb=short \
         > "$OUT/gpu_tests.txt" 2>&1
