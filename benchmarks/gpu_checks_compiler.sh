@@ -29,10 +29,12 @@ if [ "${CALL:-2}" = 4 ]; then
         && export PATH="/tmp/spy/bin:$PATH"
     for mode in kernelab inductor; do
         timeout "$(left 260)" py-spy record -r 100 --threads --idle -f raw -o "$OUT/pyspy_t5_$mode.txt" -- \
-            python3 benchmarks/zoo_profile.py "$OUT/zp_spy_$mode" t5:train --modes "$mode" --loss-fn --loop 25 \
+            python3 benchmarks/zoo_profile.py "$OUT/zp_spy_$mode" t5:train --modes "$mode" --loss-fn --loop 15 \
             > "$OUT/pyspy_t5_$mode.log" 2>&1
         echo "py-spy t5 $mode rc=$? (${SECONDS}s)"; grep "^==" "$OUT/pyspy_t5_$mode.log" | cut -c1-200
         tail -2 "$OUT/pyspy_t5_$mode.log" | cut -c1-200
+        python3 benchmarks/folded_summary.py "$OUT/pyspy_t5_$mode.txt" --top 40 > "$OUT/pyspy_t5_${mode}_summary.txt" \
+            && gzip -f "$OUT/pyspy_t5_$mode.txt"
     done
     exit 0
 fi
