@@ -8,10 +8,14 @@ import copy
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kernelab.compiler as klc
 from tests.compiler.conftest import REL, assert_close, gradients_off, rel_norm
 from tests.compiler.test_batch_norm import _compare, _conv_bn_relu, _r
+
+SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(autouse=True)
@@ -175,3 +179,65 @@ def test_resnet_training_step_with_norms_generated(monkeypatch):
             assert torch.allclose(a, b, rtol=REL, atol=1e-6), (n, (a - b).abs().max())
         else:
             assert torch.equal(a, b), n
+
+
+def _innermost(shape, kept, seed):
+    """A tensor of ``shape`` whose dim ``kept`` is the innermost in memory (a channels-last-like
+    layout of any rank), the other dims in order."""
+    order = [d for d in range(len(shape)) if d != kept] + [kept]
+    dense = torch.randn([shape[d] for d in order], generator=torch.Generator().manual_seed(seed))
+    return dense.permute([order.index(d) for d in range(len(shape))])
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 5), min_size=3, max_size=5), data=st.data(),
+       keepdim=st.booleans(), mean=st.booleans(), chain=st.booleans())
+def test_sums_over_every_dim_but_the_innermost_match_eager(shape, data, keepdim, mean, chain):
+    """``innermost_kept_sums_as_columns`` on random ranks, kept dims and layouts: a sum or mean
+    over every dim but one of a tensor whose kept dim is innermost, plain or through a pointwise
+    chain of two such tensors and a broadcast one; values, shape and dtype as eager's."""
+    kept = data.draw(st.integers(0, len(shape) - 1), "kept dim")
+    a, b = _innermost(shape, kept, 1), _innermost(shape, kept, 2)
+    scale = torch.randn([s if d == kept else 1 for d, s in enumerate(shape)], generator=torch.Generator().manual_seed(3))
+    dims = [d for d in range(len(shape)) if d != kept]
+
+    def fn(a, b, scale):
+        x = torch.relu(a * scale - b) if chain else a
+        return x.mean(dims, keepdim=keepdim) if mean else x.sum(dims, keepdim=keepdim)
+
+    torch._dynamo.reset()
+    got, want = torch.compile(fn, backend="kernelab")(a, b, scale), fn(a, b, scale)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert_close(got, want, what="per-channel reduction")
+
+
+@SETTINGS
+@given(n=st.integers(1, 4), c=st.integers(1, 6), h=st.integers(1, 5), w=st.integers(1, 5),
+       offset=st.sampled_from([0.0, 100.0]), layout=st.sampled_from(["channels_last", "contiguous", "transposed"]))
+def test_a_norm_on_any_layout_matches_eager(n, c, h, w, offset, layout):
+    """A training batch norm's forward (generated) on a random shape in either layout and one no
+    rewrite reads as rows or columns (H and W transposed): output and running statistics no
+    further from float64's than eager's are (twice, plus float32's resolution at the input's
+    scale: eager on the CPU accumulates in float64, the generated kernels in float32)."""
+    x = torch.randn(n, c, h, w, generator=torch.Generator().manual_seed(c)) + offset
+    x = {"channels_last": x.contiguous(memory_format=torch.channels_last), "contiguous": x,
+         "transposed": x.transpose(2, 3).contiguous().transpose(2, 3)}[layout]
+    if n * h * w == 1:
+        return  # (a norm of one value per channel raises in eager and compiled alike)
+    bn, ref, exact = torch.nn.BatchNorm2d(c), torch.nn.BatchNorm2d(c), torch.nn.BatchNorm2d(c).double()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got, want, truth = torch.compile(bn, backend="kernelab")(x), ref(x), exact(x.double())
+    assert got.shape == want.shape  # (strides: equal where a dim has more than one element)
+    assert [st for st, size in zip(got.stride(), got.shape) if size > 1] == \
+        [st for st, size in zip(want.stride(), want.shape) if size > 1]
+    # float32 holds a value at 100 to 2^-24 * 100 ~ 6e-6: the mean, and x - mean, carry that much,
+    # over each channel's standard deviation once normalized
+    std = (x.double().var((0, 2, 3), unbiased=False) + bn.eps).sqrt().min().item()
+    resolution = 4 * 2 ** -24 * x.abs().max().item() / std
+    for what, a, e, t in [("output", got, want, truth), ("running mean", bn.running_mean, ref.running_mean,
+                                                          exact.running_mean),
+                          ("running variance", bn.running_var, ref.running_var, exact.running_var)]:
+        error, eager_error = (a.double() - t).abs().max().item(), (e.double() - t).abs().max().item()
+        assert error <= 2 * eager_error + 1e-6 * max(1.0, t.abs().max().item()) + resolution, \
+            (what, error, eager_error)
