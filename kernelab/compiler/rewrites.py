@@ -650,15 +650,24 @@ def _innermost_kept(node, dtypes=(torch.float32, torch.float64)) -> list | None:
     return perm if src.permute(perm).is_contiguous() else None
 
 
+def _sums_beside(var_node) -> list:
+    """The sums of the variance's input over its dims, of its dtype, without keepdim: a mean's
+    numerator, restated from the same statistics."""
+    x = var_node.args[0]
+    rank, dtype = fusion.value(x).dim(), fusion.value(var_node).dtype
+    dims = sorted(d % rank for d in _dims(var_node))
+    return [u for u in x.users if u.op == "call_function" and u.target in (prims.sum.default, aten.sum.dim_IntList)
+            and sorted(d % rank for d in _dims(u)) == dims and not fusion.bound_args(u).get("keepdim")
+            and fusion.value(u).dtype == dtype]
+
+
 def _statistics_in_columns(gm, var_node, perm: list) -> int:
     correction = _correction(var_node)
     if correction is None:
         return 0
     x = var_node.args[0]
     src, val = fusion.value(x), fusion.value(var_node)
-    sums = [u for u in x.users if u.op == "call_function" and u.target in (prims.sum.default, aten.sum.dim_IntList)
-            and sorted(d % src.dim() for d in _dims(u)) == sorted(d % src.dim() for d in _dims(var_node))
-            and not fusion.bound_args(u).get("keepdim") and fusion.value(u).dtype == val.dtype]
+    sums = _sums_beside(var_node)
     channels = src.shape[perm[-1]]
     rows = src.numel() // channels
     if rows - correction <= 0:
@@ -681,10 +690,7 @@ def _statistics_in_columns(gm, var_node, perm: list) -> int:
     except Exception:  # noqa: BLE001 - a value the ops do not take: left as it was
         b.undo()
         return 0
-    var_node.replace_all_uses_with(new_var)
-    for old, new in zip(sums, new_sums):
-        old.replace_all_uses_with(new)
-    return 1
+    return _statistics_replaced(var_node, new_var, sums, new_sums)
 
 
 def innermost_kept_sums_as_columns(gm: fx.GraphModule) -> int:
@@ -783,9 +789,7 @@ def _statistics_in_rows(gm, var_node, lead: list, flat: list) -> int:
         return 0
     x = var_node.args[0]
     src, val = fusion.value(x), fusion.value(var_node)
-    sums = [u for u in x.users if u.op == "call_function" and u.target in (prims.sum.default, aten.sum.dim_IntList)
-            and sorted(d % src.dim() for d in _dims(u)) == sorted(d % src.dim() for d in _dims(var_node))
-            and not fusion.bound_args(u).get("keepdim") and fusion.value(u).dtype == val.dtype]
+    sums = _sums_beside(var_node)
     n_rows = math.prod(src.shape[d] for d in lead)
     length = flat[-1]
     count = n_rows * length
@@ -807,7 +811,13 @@ def _statistics_in_rows(gm, var_node, lead: list, flat: list) -> int:
         mean = b.op(aten.add.Tensor, shift, b.op(aten.div.Tensor, s1, float(n_rows)))
         new_sums = [b.op(aten.mul.Tensor, mean, float(count)) for _ in sums]
     except Exception:  # noqa: BLE001 - a value the ops do not take: left as it was
+        b.undo()  # (nodes left unread would still be planned as kernels)
         return 0
+    return _statistics_replaced(var_node, new_var, sums, new_sums)
+
+
+def _statistics_replaced(var_node, new_var, sums: list, new_sums: list) -> int:
+    """The variance and the sums beside it read from their restatements; 1 (one rewrite)."""
     var_node.replace_all_uses_with(new_var)
     for old, new in zip(sums, new_sums):
         old.replace_all_uses_with(new)

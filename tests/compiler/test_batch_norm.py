@@ -213,14 +213,17 @@ def test_generated_batch_norm_forward_without_gradients(monkeypatch):
         assert_close(a, b, what="buffer")
 
 
+@pytest.mark.parametrize("layout", ["traced", "channels_last"])
 @pytest.mark.parametrize("name", ["resnet", "efficientnet_b0"])
-def test_models_with_batch_norms_generated(monkeypatch, name):
+def test_models_with_batch_norms_generated(monkeypatch, name, layout):
     """A training step of the zoo's ResNet and timm's EfficientNet-B0 (squeeze-excite, SiLU) with
-    the norms' forward and backward generated: loss, every parameter's gradient and every
-    running statistic against eager, nothing fallen back."""
+    the norms' forward and backward generated, on NCHW activations (statistics as rows) and
+    channels-last ones (as columns, ``test_batch_norm_channels_last.py``): loss, every parameter's
+    gradient and every running statistic against eager, nothing fallen back."""
     from tests.compiler.conftest import REL, gradients_off, rel_norm
     from tests.compiler.test_more_models import MODELS, _inputs, _loss
 
+    monkeypatch.setenv("KERNELAB_CONV_LAYOUT", layout)
     monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
     monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
     monkeypatch.setenv("KERNELAB_STRICT", "1")

@@ -3,7 +3,8 @@ convolution graphs by default): each norm's statistics are one column kernel ove
 memory holds it, (N * H * W) rows of C columns (``rewrites.batch_norm_statistics_as_columns``),
 with the running statistics stored by its per-column epilogue; the backward's per-channel sums
 likewise, with the ReLU's backward as their prologue (``rewrites.innermost_kept_sums_as_columns``).
-Outputs, gradients and buffers against eager; the plans' kernels; the variance's digits."""
+Outputs, gradients and buffers against eager; the plans' kernels; the variance's digits (whole
+models: ``test_batch_norm.py::test_models_with_batch_norms_generated``)."""
 import copy
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernelab.compiler as klc
-from tests.compiler.conftest import REL, assert_close, gradients_off, rel_norm
+from tests.compiler.conftest import assert_close, rel_norm
 from tests.compiler.test_batch_norm import _compare, _conv_bn_relu, _r
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -150,35 +151,6 @@ def test_sums_over_all_but_the_channels_are_column_kernels():
         assert_close(x, y, what="per-channel sum")
     groups = klc.explain(f, a, b).graphs[0].groups
     assert [g.kind for g in groups] == ["column"], [(g.name, g.kind) for g in groups]
-
-
-def test_resnet_training_step_with_norms_generated(monkeypatch):
-    """The zoo's ResNet, norms' forward and backward generated, channels-last: loss, every
-    gradient and running statistic against eager, nothing fallen back."""
-    from kernelab.zoo import ZOO
-
-    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    zm = ZOO["resnet"]
-    model, inputs = zm.build("tiny")
-    ref_model = copy.deepcopy(model)
-    ref_loss = zm.loss(ref_model, inputs)
-    ref_loss.backward()
-    klc.reset_events()
-    loss = zm.loss(torch.compile(model, backend="kernelab"), inputs)
-    loss.backward()
-    events = klc.events()
-    assert events.fallbacks == [] and events.kernels_launched > 0, str(events)
-    assert rel_norm(loss.detach(), ref_loss.detach()) < REL
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    ref = {n: p.grad for n, p in ref_model.named_parameters() if p.grad is not None}
-    assert not gradients_off(grads, ref), gradients_off(grads, ref)
-    for (n, a), (_, b) in zip(model.named_buffers(), ref_model.named_buffers()):
-        if a.is_floating_point():  # (a mean that is 0 in exact arithmetic is noise on both sides)
-            assert torch.allclose(a, b, rtol=REL, atol=1e-6), (n, (a - b).abs().max())
-        else:
-            assert torch.equal(a, b), n
 
 
 def _innermost(shape, kept, seed):
