@@ -702,7 +702,7 @@ def innermost_kept_sums_as_columns(gm: fx.GraphModule) -> int:
     recomputed on its operands' permuted views, so it is the column kernel's prologue and two sums
     of one chain share that kernel; no template took the reduction as it was, and ATen ran it
     beside a kernel writing the whole chain for it. Static shapes, float sums."""
-    count, memo = 0, {}  # node -> its permuted node, shared: a chain two sums read is made once
+    count, memo = 0, {}  # (node, perm) -> its permuted node, shared: a chain two sums read is made once
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _TRAILING:
             continue
@@ -1446,9 +1446,12 @@ def _in_tree(node) -> bool:
 
 def _permuted(b: _Builder, node: fx.Node, perm: list, member=_in_tree, memo: dict | None = None) -> fx.Node:
     """``permute(node, perm)``, computed from permuted leaves where ``node`` is in the tree
-    (``member(node)``); ``memo`` (node -> its permuted node) shares what is made between calls."""
-    if memo is not None and node in memo:
-        return memo[node]
+    (``member(node)``); ``memo`` ((node, perm) -> its permuted node) shares what is made between
+    calls (keyed by the permutation too: one operand read by two reductions that keep different
+    dims is permuted twice, once for each)."""
+    key = (node, tuple(perm))
+    if memo is not None and key in memo:
+        return memo[key]
     rank, val = len(perm), fusion.value(node)
     if not member(node) or val.dim() != rank:
         if val.dim() < rank:  # a broadcast operand: the same values at the tree's rank
@@ -1467,7 +1470,7 @@ def _permuted(b: _Builder, node: fx.Node, perm: list, member=_in_tree, memo: dic
 
         out = b.op(node.target, *[operand(a) for a in node.args], **node.kwargs)
     if memo is not None:
-        memo[node] = out
+        memo[key] = out
     return out
 
 
