@@ -92,8 +92,14 @@ def _build(name: str):
 
 
 def step_peak(step) -> tuple[float, float]:
-    """(peak, end) in bytes of one call of ``step`` above what was allocated before it."""
+    """(peak, end) in bytes of one call of ``step`` above what was allocated before it. Garbage of
+    earlier calls is collected first: a reference cycle that the collector happened to break
+    inside the step would count its frees (or miss them) there."""
+    import gc
+
     from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()

@@ -64,7 +64,9 @@ def test_bert_head_training_step_holds_its_padded_logits_once(monkeypatch):
 
         for _ in range(2):
             step()
-        return mem.step_peak(step)[0]
+        # the smaller of two steps' peaks: a full CI run once measured the padded step at 15.5 MiB
+        # (8.1 unpadded) where it measures 8.1 alone and after this file's neighbours
+        return min(mem.step_peak(step)[0] for _ in range(2))
 
     padded, unpadded = peak("1"), peak("0")
     assert padded <= 1.1 * unpadded, (padded / 2**20, unpadded / 2**20, "MiB")
