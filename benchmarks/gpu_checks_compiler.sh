@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Device calls of stop 37 (each step gets what is left of the call's LIMIT seconds, default 330;
-# give it 560). Call 2: training batch norm generated on channels-last activations
+# Device calls of stops 37-38 (each step gets what is left of the call's LIMIT seconds, default 330;
+# give it 560). Stop 38: call 1 `python3 benchmarks/bn_backward_parts.py OUT --budget-s 400`
+# (ResNet-50's norm shapes, backward kernels by provider and launch setting), call 2
+# `python3 scratch/layouts.py resnet` (not kept: every generated kernel's inputs in one memory
+# order; they were), call 3 the default below after ``_recomputed_for_columns`` (the column sums
+# read a stage's stored gradients instead of recomputing them through every block), call 4 the
+# same after KERNELAB_BN_BACKWARD became "auto" (generated off the CPU).
+# Call 2: training batch norm generated on channels-last activations
 # (``rewrites.batch_norm_statistics_as_columns``, ``innermost_kept_sums_as_columns``):
 #   1. the batch-norm and conv-layout GPU tests (a ResNet bottleneck's steps against eager);
 #   2. ResNet-50's training step, Inductor and kernelab interleaved in one process
-#      (host_events.py): the default (the norms' forward generated as column kernels, ATen's
-#      backward), both passes generated (kernelab-bnall), ATen's norm (kernelab-bnaten: stop 36);
-#   3. ResNet-50's kernels, GPU time and peak (zoo_profile.py) under the default and bnall;
+#      (host_events.py): the default (both passes generated since stop 38), the forward generated
+#      with ATen's backward (kernelab-bngen: stop 37's default), ATen's norm (kernelab-bnaten);
+#   3. ResNet-50's kernels, GPU time and peak (zoo_profile.py) under the default and ATen's backward;
 #   4. ConvNeXt-T's step (its per-channel sums of channels-last gradients are column kernels now).
 # Call 3 (CALL=3): every GPU test (call 2's ran interpreted: tests/gpu/test_conv_layout_gpu.py imported
 # tests/compiler/conftest.py, which sets TRITON_INTERPRET; fixed), then ConvNeXt-T's step under
@@ -55,14 +61,14 @@ timeout "$(left 90)" python3 -m pytest tests/gpu/test_batch_norm_gpu.py tests/gp
     -p no:cacheprovider -W ignore -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED|Error" "$OUT/gpu_tests.txt" | head -10
 timeout "$(left 190)" python3 benchmarks/host_events.py "$OUT/he_resnet" resnet:train --loss-fn --no-events \
-    --modes inductor,kernelab,kernelab-bnall,kernelab-bnaten --rounds 3 > "$OUT/host_events_resnet.log" 2>&1
+    --modes inductor,kernelab,kernelab-bngen,kernelab-bnaten --rounds 3 > "$OUT/host_events_resnet.log" 2>&1
 echo "host_events resnet rc=$? (${SECONDS}s)"; grep "==\|failed" "$OUT/host_events_resnet.log" | cut -c1-230
 timeout "$(left 60)" python3 benchmarks/zoo_profile.py "$OUT/zp_resnet" resnet:train --modes kernelab \
     --top 30 --loss-fn > "$OUT/zoo_profile_resnet.log" 2>&1
 echo "zoo_profile resnet rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_resnet.log" | cut -c1-230
-timeout "$(left 60)" env KERNELAB_BN_BACKWARD=generated python3 benchmarks/zoo_profile.py "$OUT/zp_resnet_bnall" \
-    resnet:train --modes kernelab --top 30 --loss-fn > "$OUT/zoo_profile_resnet_bnall.log" 2>&1
-echo "zoo_profile resnet bnall rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_resnet_bnall.log" | cut -c1-230
+timeout "$(left 60)" env KERNELAB_BN_BACKWARD=aten python3 benchmarks/zoo_profile.py "$OUT/zp_resnet_bwaten" \
+    resnet:train --modes kernelab --top 30 --loss-fn > "$OUT/zoo_profile_resnet_bwaten.log" 2>&1
+echo "zoo_profile resnet, ATen's backward rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_resnet_bwaten.log" | cut -c1-230
 timeout "$(left 140)" python3 benchmarks/host_events.py "$OUT/he_convnext" convnext:train --loss-fn --no-events \
     --modes inductor,kernelab --rounds 3 > "$OUT/host_events_convnext.log" 2>&1
 echo "host_events convnext rc=$? (${SECONDS}s)"; grep "==\|failed" "$OUT/host_events_convnext.log" | cut -c1-230

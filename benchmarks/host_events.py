@@ -105,8 +105,9 @@ def _model_calls(target: str, modes: list[str], loss_fn: bool) -> dict:
 
 #: kernelab's variants: the settings their first call (which compiles, and specializes the
 #: runners of the graphs it runs) runs under
-VARIANTS = {"kernelab-nofast": {"KERNELAB_FAST_RUNNER": "0"}, "kernelab-bnaten": {"KERNELAB_BN_FORWARD": "aten"},
-            "kernelab-bngen": {"KERNELAB_BN_FORWARD": "generated"},
+VARIANTS = {"kernelab-nofast": {"KERNELAB_FAST_RUNNER": "0"},
+            "kernelab-bnaten": {"KERNELAB_BN_FORWARD": "aten", "KERNELAB_BN_BACKWARD": "aten"},
+            "kernelab-bngen": {"KERNELAB_BN_FORWARD": "generated", "KERNELAB_BN_BACKWARD": "aten"},
             "kernelab-bnall": {"KERNELAB_BN_FORWARD": "generated", "KERNELAB_BN_BACKWARD": "generated"},
             "kernelab-nchw": {"KERNELAB_CONV_LAYOUT": "traced"},
             "kernelab-nchw-bnall": {"KERNELAB_CONV_LAYOUT": "traced", "KERNELAB_BN_FORWARD": "generated",

@@ -17,7 +17,7 @@ before the call that reads it. Triton's own ``TRITON_INTERPRET`` is Triton's: se
 | KERNELAB_PAD | 1 | 0: no padded rows around the compiler's matrix products |
 | KERNELAB_TEAMS | 1 | 0: long rows of the norms take the two-pass kernels instead of teams |
 | KERNELAB_GEMM_TUNE | 0 | 1: ``kernelab.ops`` matmuls tune each new shape on its first call |
-| KERNELAB_BN_BACKWARD | aten | compiler: ``generated`` decomposes training batch norm's backward into row (NCHW), column and pointwise kernels (ResNet-50 channels-last on an H100: 594 kernels a step against 678, but 25.7 ms of GPU time against 23.9 with ATen's) |
+| KERNELAB_BN_BACKWARD | auto | compiler: ``generated`` decomposes training batch norm's backward into generated row (NCHW), column and pointwise kernels; ``aten`` keeps ATen's op whole; ``auto``: generated except in graphs on CPU tensors (ResNet-50's training step on an H100, interleaved: 24.19 ms generated, 25.01 ms with ATen's backward, Inductor 24.06; 578 kernels against 678, peak 5.42 GiB against 6.18) |
 | KERNELAB_BN_FORWARD | auto | compiler: ``generated`` makes training batch norm's forward, in the partitioned forward graph, a column kernel for the statistics on channels-last activations (a row and a column kernel on NCHW ones) and the transform's pointwise kernel, ATen's backward kept; ``aten`` keeps ATen's op whole; ``auto``: generated except in graphs on CPU tensors (ResNet-50's training step on an H200: 31.4 ms generated, 36.3 ms ATen's; on the CPU ATen's norm accumulates in float64, which a tiny RegNet's gradients need to stay within 1e-4 of eager's) |
 | KERNELAB_CONV_LAYOUT | channels_last | compiler: ``traced`` keeps the layouts the program makes instead of asking each batched 2-D convolution's input for channels-last (``compiler/conv_layout.py``) |
 | KERNELAB_CACHE | ~/.cache/kernelab | where measured and generated files are kept |
@@ -72,9 +72,15 @@ def _choice(name: str, value: str, default: str, choices: tuple = ("aten", "gene
     return value
 
 
-def batch_norm_backward() -> str:
-    """KERNELAB_BN_BACKWARD: "aten" (default: the backward op kept whole) or "generated"."""
-    return _choice("KERNELAB_BN_BACKWARD", _flag("KERNELAB_BN_BACKWARD", "aten"), "aten")
+def batch_norm_backward(on_cpu: bool = False) -> str:
+    """KERNELAB_BN_BACKWARD: "generated" (training batch norm's backward decomposed into generated
+    kernels), "aten" (the backward op kept whole), or "auto" (the default): "aten" for a graph on
+    CPU tensors (``on_cpu``: ATen's CPU norm accumulates in float64), else "generated"."""
+    value = _choice("KERNELAB_BN_BACKWARD", _flag("KERNELAB_BN_BACKWARD", "auto"), "auto",
+                    ("auto", "aten", "generated"))
+    if value == "auto":
+        return "aten" if on_cpu else "generated"
+    return value
 
 
 def batch_norm_forward(on_cpu: bool = False) -> str:

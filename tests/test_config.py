@@ -44,7 +44,8 @@ def test_every_setting_read_is_in_the_table():
     ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "aten", "aten"),
     ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "", "generated"),
     ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "generated", "generated"),
-    ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "", "aten"),
+    ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "aten", "aten"),
+    ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "", "generated"),
     ("KERNELAB_CONV_LAYOUT", config.conv_layout, "traced", "traced"),
     ("KERNELAB_CONV_LAYOUT", config.conv_layout, "", "channels_last"),
 ])
@@ -71,7 +72,7 @@ def test_persistent_max_and_cache_root(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("name, fn, choices", [
     ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "'auto' or 'aten' or 'generated'"),
-    ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "'aten' or 'generated'"),
+    ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "'auto' or 'aten' or 'generated'"),
     ("KERNELAB_CONV_LAYOUT", config.conv_layout, "'channels_last' or 'traced'")])
 def test_choice_settings_refuse_other_values(monkeypatch, name, fn, choices):
     monkeypatch.setenv(name, "cudnn")
@@ -86,6 +87,29 @@ def test_batch_norm_forward_is_generated_by_default_except_on_the_cpu(monkeypatc
     on the CPU ATen's norm accumulates in float64, as eager's does."""
     monkeypatch.setenv("KERNELAB_BN_FORWARD", value)
     assert config.batch_norm_forward(on_cpu) == want
+
+
+@pytest.mark.parametrize("value, on_cpu, want", [("", False, "generated"), ("", True, "aten"), ("auto", True, "aten"),
+                                                 ("generated", True, "generated"), ("aten", False, "aten")])
+def test_batch_norm_backward_is_generated_by_default_except_on_the_cpu(monkeypatch, value, on_cpu, want):
+    """On CUDA the generated backward is faster (ResNet-50's step on an H100, interleaved with
+    ATen's: 24.19 against 25.01 ms); on the CPU ATen's norm accumulates in float64."""
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", value)
+    assert config.batch_norm_backward(on_cpu) == want
+
+
+def test_the_backward_table_follows_the_setting_and_the_device(monkeypatch):
+    """aot_autograd's table keeps ATen's norm backward whole for CPU graphs under the default,
+    and decomposes it for the others."""
+    from kernelab.compiler.backend import decompositions
+
+    op = torch.ops.aten.native_batch_norm_backward.default
+    monkeypatch.delenv("KERNELAB_BN_BACKWARD", raising=False)
+    assert op in decompositions(on_cpu=False) and op not in decompositions(on_cpu=True)
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "aten")
+    assert op not in decompositions(on_cpu=False)
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
+    assert op in decompositions(on_cpu=True)
 
 
 def test_a_bad_batch_norm_forward_setting_stops_the_compile(monkeypatch):

@@ -621,9 +621,11 @@ class GroupRunner:
     def pointwise_launch(self, sizes, strides, numel, source_sizes=()) -> Launch:
         """``source_sizes``: the sizes of gathers' sources, whose strides end ``strides``: an index
         may reach any of their elements."""
-        # 16 elements per thread keeps enough bytes in flight; interpreted, bigger blocks are faster
-        block = min(pow2(numel), 1 << 16 if self.interpret else 2048)
-        warps = max(1, min(8, block // 256))
+        # 8 elements a thread of 2048-element blocks (``tiling.PointwiseTiling``); interpreted,
+        # bigger blocks are faster
+        t = self.tiling.pointwise
+        block = min(pow2(numel), 1 << 16 if self.interpret else pow2(t.block))
+        warps = max(1, min(8, block // (32 * t.per_thread)))
         sizes_of = [sizes] * (len(strides) - len(source_sizes)) + list(source_sizes)
         int64 = numel > INT32_MAX or any(_max_offset(sz, st) > INT32_MAX for sz, st in zip(sizes_of, strides))
         return Launch(len(sizes), True, {"BLOCK": block}, warps, int64)

@@ -677,7 +677,7 @@ def _statistics_in_columns(gm, var_node, perm: list) -> int:
     b = _Builder(gm, var_node, val)
     try:
         # memory order, (N, H, W, C); a cast before it (a float16 norm's) recomputed on the view
-        matrix = _permuted(b, x, perm, _recomputable, {})
+        matrix = _permuted(b, x, perm, _recomputed_for_columns(gm), {})
         shift = _first_sample(b, x, perm[-1])  # one value per channel
         deviation = b.op(aten.sub.Tensor, matrix, shift)
         lead = list(range(len(perm) - 1))
@@ -705,6 +705,7 @@ def innermost_kept_sums_as_columns(gm: fx.GraphModule) -> int:
     of one chain share that kernel; no template took the reduction as it was, and ATen ran it
     beside a kernel writing the whole chain for it. Static shapes, float sums."""
     count, memo = 0, {}  # (node, perm) -> its permuted node, shared: a chain two sums read is made once
+    recomputed = _recomputed_for_columns(gm)
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _TRAILING:
             continue
@@ -716,7 +717,7 @@ def innermost_kept_sums_as_columns(gm: fx.GraphModule) -> int:
         extra = {"dtype": node.kwargs["dtype"]} if node.kwargs.get("dtype") is not None else {}
         b = _Builder(gm, node, val)
         try:
-            moved = _permuted(b, node.args[0], perm, _recomputable, memo)
+            moved = _permuted(b, node.args[0], perm, recomputed, memo)
             new = b.op(node.target, moved, list(range(len(perm) - 1)), False, **extra)
             if keepdim:
                 new = b.op(aten.view.default, new, list(val.shape))
@@ -754,6 +755,63 @@ def _recomputable(node) -> bool:
     else reads it: the original stays for them)."""
     return (_pointwise_source(node) and not any(isinstance(a, (list, tuple)) for a in node.args)
             and not any(isinstance(v, fx.Node) for v in node.kwargs.values()))
+
+
+def _recomputed_for_columns(gm: fx.GraphModule):
+    """``node -> bool``: a pointwise op a column reduction recomputes on permuted operands rather
+    than reads, namely one whose value is not in memory anyway. A value stored anyway is read as
+    it is (a permuted view): a ResNet stage's output gradient is ``where(mask, 0, g + where(mask',
+    0, g' + ...))`` through every block of the stage, each block's term stored (it is added to the
+    convolution's input gradient, which comes after it); recomputed, a norm's sums would read the
+    operands of every block before it (and past four, none: they then read a permuted copy
+    written just for them)."""
+    position, stored = {n: i for i, n in enumerate(gm.graph.nodes)}, {}
+
+    def recomputed(node) -> bool:  # (a node made since is no value of the graph as traced)
+        if not _recomputable(node) or node not in position:
+            return _recomputable(node)
+        if node not in stored:
+            stored[node] = _stored_anyway(node, position)
+        return not stored[node]
+
+    return recomputed
+
+
+def _stored_anyway(node, position: dict) -> bool:
+    """Is ``node`` in memory whatever the column reductions do: read by the graph's output or an
+    ATen op (through views), or by a pointwise op that also reads an ATen op's result computed
+    from ``node`` (no kernel spans the ATen op: ``node`` is written before it)? Sums and means do
+    not count (these rewrites may restate them as column reductions)."""
+    for user in node.users:
+        if user.op == "output":
+            return True
+        if user.op != "call_function" or user.target in _TRAILING or user.target in _VARIANCES:
+            continue
+        kind = fusion.classify(user)[0]
+        if kind == "eager" or (kind == "view" and _stored_anyway(user, position)):
+            return True
+        others = [a for a in user.all_input_nodes if a is not node]
+        if kind == "pointwise" and any(_aten_result_of(a, node, position) for a in others):
+            return True
+    return False
+
+
+def _aten_result_of(value, node, position: dict) -> bool:
+    """Is ``value`` (through views and getitems) an ATen op's result that depends on ``node``?"""
+    while value.op == "call_function" and (fusion.classify(value)[0] == "view" or value.target is operator.getitem):
+        value = value.args[0]
+    if value.op != "call_function" or fusion.classify(value)[0] != "eager":
+        return False
+    lowest, stack, seen = position[node], [value], set()
+    while stack:  # backwards from the ATen op, no further up than ``node`` (the graph is in order)
+        n = stack.pop()
+        if n is node:
+            return True
+        if n in seen or position.get(n, -1) < lowest:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return False
 
 
 def _channel_split(node) -> tuple | None:

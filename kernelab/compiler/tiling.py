@@ -9,7 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RowTiling", "ColumnTiling", "Tiling", "DEFAULT"]
+__all__ = ["PointwiseTiling", "RowTiling", "ColumnTiling", "Tiling", "DEFAULT"]
+
+
+@dataclass(frozen=True)
+class PointwiseTiling:
+    """A pointwise kernel: ``block`` elements a program (fewer where the tensor is smaller),
+    ``per_thread`` of them a thread (the warps follow, 1 to 8)."""
+
+    block: int = 2048
+    per_thread: int = 8
+
+    def __post_init__(self):
+        _positive(self, "block", "per_thread")
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,7 @@ class ColumnTiling:
 
 @dataclass(frozen=True)
 class Tiling:
+    pointwise: PointwiseTiling = field(default_factory=PointwiseTiling)
     rows: RowTiling = field(default_factory=RowTiling)
     columns: ColumnTiling = field(default_factory=ColumnTiling)
 

@@ -119,6 +119,60 @@ def test_a_norm_is_one_column_kernel_and_its_transform(monkeypatch, backward):
     _compare(net, _r(2, 3, 8, 8))
 
 
+class _Bottleneck(torch.nn.Module):
+    """ResNet's bottleneck with an identity shortcut: 1x1, 3x3, 1x1 convolutions and their norms."""
+
+    def __init__(self, c, mid):
+        super().__init__()
+        def conv_bn(c_in, c_out, k):
+            return [torch.nn.Conv2d(c_in, c_out, k, padding=k // 2, bias=False), torch.nn.BatchNorm2d(c_out)]
+
+        self.body = torch.nn.Sequential(*conv_bn(c, mid, 1), torch.nn.ReLU(), *conv_bn(mid, mid, 3), torch.nn.ReLU(),
+                                        *conv_bn(mid, c, 1))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + x)
+
+
+def _written_only_for_columns(plan) -> list:
+    """(writer, column kernel) pairs: a generated kernel writes a full-size tensor that only
+    column kernels read before it is overwritten (a copy made for the sums alone)."""
+    columns = {g.name for graph in plan.graphs for g in graph.groups if g.kind == "column"}
+    kernels = plan.kernels
+    full = max(t.numel for k in kernels for t in k.reads)
+    pairs = []
+    for i, k in enumerate(kernels):
+        for t in (t for t in k.reads if k.name in columns and 2 * t.numel >= full):
+            writer = next((j for j in range(i - 1, -1, -1) if any(w.storage == t.storage for w in kernels[j].writes)),
+                          None)
+            if writer is None or not kernels[writer].name.startswith("kl_fused_"):
+                continue
+            readers = []
+            for later in kernels[writer + 1:]:
+                readers += [later.name] if any(r.storage == t.storage for r in later.reads) else []
+                if any(w.storage == t.storage for w in later.writes):
+                    break
+            if all(name in columns for name in readers):
+                pairs.append((kernels[writer].name, k.name))
+    return pairs
+
+
+def test_a_stages_norm_sums_read_its_stored_gradients(monkeypatch):
+    """Three bottlenecks in a row: each block's output gradient is ``where(mask, 0, g + h)`` with
+    ``g`` the next block's, so recomputing it for the norm's sums would reach back through every
+    block (past four tensors the sums then read a copy written just for them: three such copies
+    here before ``rewrites._recomputed_for_columns``). The gradients a convolution's backward
+    comes after are stored anyway, and the sums read them."""
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), *[_Bottleneck(8, 4) for _ in range(3)])
+    plan = _plan(net, (2, 3, 6, 6))
+    assert not [op for graph in plan.graphs for _, op, _ in graph.eager if "batch_norm" in op or "sum" in op]
+    assert _written_only_for_columns(plan) == []
+    _compare(net, _r(2, 3, 6, 6))
+
+
 def test_statistics_keep_their_digits_at_a_large_mean():
     """Values at 1000 +- 1, channels-last: the sums shifted by each channel's first value keep
     the variance's digits where E[x^2] - mean^2 in float32 loses them all."""

@@ -9,7 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import kernelab.compiler as kc
 from kernelab.compiler import graph, group_runner
 from kernelab.compiler.backend import decompositions
-from kernelab.compiler.tiling import DEFAULT, ColumnTiling, RowTiling, Tiling
+from kernelab.compiler.tiling import DEFAULT, ColumnTiling, PointwiseTiling, RowTiling, Tiling
 from kernelab.errors import KernelabError
 
 
@@ -54,6 +54,22 @@ def test_columns_follow_the_tiling(monkeypatch):
     assert launch.block["splits"] == 16 and launch.block["tiles"] == 8
 
 
+def test_pointwise_kernels_follow_the_tiling():
+    x = torch.randn(64, 256)
+    fn = lambda x: (x * 2).relu()  # noqa: E731
+
+    def launch(tiling, numel=1 << 20):
+        return _runner(fn, "pointwise", tiling, x).pointwise_launch([numel], [[1], [1]], numel)
+
+    default = launch(DEFAULT)
+    assert (default.block["BLOCK"], default.num_warps) == (2048, 8)  # 8 elements a thread
+    small = launch(Tiling(pointwise=PointwiseTiling(1024, 4)))
+    assert (small.block["BLOCK"], small.num_warps) == (1024, 8)
+    odd = launch(Tiling(pointwise=PointwiseTiling(3000, 64)))  # a block rounds up to a power of two
+    assert (odd.block["BLOCK"], odd.num_warps) == (4096, 2)
+    assert launch(DEFAULT, numel=100).block["BLOCK"] == 128  # never more than the tensor
+
+
 def test_a_tiling_passed_to_compile_gives_the_same_values():
     x, y = torch.randn(300, 40), torch.randn(40)
     tiling = Tiling(rows=RowTiling(per_thread=4, looped=True), columns=ColumnTiling.uniform(64, 1024, 8, 1))
@@ -69,3 +85,5 @@ def test_bad_tilings_are_refused():
         ColumnTiling(cblock=0)
     with pytest.raises(ValueError, match="RowTiling.per_thread must be a positive integer"):
         RowTiling(per_thread=2.5)
+    with pytest.raises(ValueError, match="PointwiseTiling.block must be a positive integer"):
+        PointwiseTiling(block=-1)

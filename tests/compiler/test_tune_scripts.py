@@ -1,4 +1,5 @@
-"""The compiler's tuning scripts (``benchmarks/row_tune.py``, ``column_tune.py``) run on a GPU only;
+"""The compiler's tuning scripts (``benchmarks/row_tune.py``, ``column_tune.py``,
+``bn_backward_parts.py``) run on a GPU only;
 here they are imported and the launch data they pass (``options={"tiling": ...}``) is built and
 compiled with, so that a renamed API breaks CI rather than the next session's device call."""
 import importlib.util
@@ -53,3 +54,33 @@ def test_host_time_stub_zeroes_the_indices_it_leaves_unwritten():
     idx, values = torch.full((3,), 99, dtype=torch.int64), torch.full((3,), 2.5)
     stub.launch((1, 1, 1), 0, (idx, values, 7))
     assert idx.tolist() == [0, 0, 0] and values.tolist() == [2.5, 2.5, 2.5]
+
+
+def test_bn_backward_parts_smoke_compares_every_setting_with_eager(tmp_path):
+    """``bn_backward_parts.py --smoke`` (CPU, interpreter): every provider and launch setting of the
+    batch norm's backward computes eager's gradients, and the CSV holds a row for each."""
+    import csv
+    import os
+    import subprocess
+
+    root = BENCHMARKS.parent
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bn_backward_parts.py"), str(tmp_path), "--smoke",
+                           "--variants", "gen", "gen_pw1024x4", "gen_col64_e4096_w8"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = list(csv.DictReader(open(tmp_path / "bn_backward_parts.csv")))
+    assert {r["provider"] for r in rows} == {"eager", "kernelab", "gen", "gen_pw1024x4", "gen_col64_e4096_w8"}
+    assert len(rows) == 5 * 2 * 2  # providers x smoke shapes x patterns
+    assert max(float(r["grad_err"]) for r in rows) < 1e-5
+
+
+def test_bn_backward_parts_smoke_needs_the_interpreter(tmp_path):
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(BENCHMARKS.parent)
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bn_backward_parts.py"), str(tmp_path), "--smoke"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "set TRITON_INTERPRET=1" in done.stderr
