@@ -802,8 +802,11 @@ def _aten_result_of(value, node, position: dict) -> bool:
         value = value.args[0]
     if value.op != "call_function" or fusion.classify(value)[0] != "eager":
         return False
-    lowest, stack, seen = position[node], [value], set()
-    while stack:  # backwards from the ATen op, no further up than ``node`` (the graph is in order)
+    # backwards from the ATen op, no further up than ``node`` (the graph is in order; nodes made
+    # by these rewrites have no position and are not walked: then it says no, and the column
+    # kernel recomputes, as before)
+    lowest, stack, seen = position.get(node, 0), [value], set()
+    while stack:
         n = stack.pop()
         if n is node:
             return True
