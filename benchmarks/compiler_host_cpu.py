@@ -40,29 +40,52 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from kernelab import launch  # noqa: E402
+
 
 class NoLaunch:
-    """Stands in for ``launch.StaticLauncher``: the driver's launch, minus the launch. Integer
-    tensors among the arguments are zeroed: an index a stubbed kernel would have computed is
-    otherwise whatever the allocation held, and an ATen op reading it stops (T5's position buckets
-    into its bias embedding: "index out of range"). Zeroing is the stub's own time, outside
-    kernelab's share."""
+    """Stands in for ``launch.StaticLauncher``: the driver's launch, minus the launch. As torch's
+    launcher, it takes only the binary's runtime arguments (Triton makes every integer argument of
+    1 a constant: ``keep`` is set from the first launch's arguments) plus one scratch placeholder,
+    through :meth:`entry` (what the specialized runner calls, with ``runtime_tail``) or
+    :meth:`launch` (which filters per call). Integer tensors among the arguments are zeroed: an
+    index a stubbed kernel would have computed is otherwise whatever the allocation held, and an
+    ATen op reading it stops (T5's position buckets into its bias embedding: "index out of
+    range"). Zeroing is the stub's own time, outside kernelab's share."""
 
-    def launch(self, grid, stream, args) -> None:
+    runtime_tail = launch.StaticLauncher.runtime_tail
+    launch = launch.StaticLauncher.launch
+    function, num_warps, shared, arg_types, extra = 0, 4, 0, "", (None,)
+
+    def __init__(self, args):
+        self.keep = tuple(i for i, a in enumerate(args) if not (type(a) is int and a == 1)) or (0,)
+        self.entry = self._entry
+
+    @staticmethod
+    def _entry(function, gx, gy, gz, warps, shared, arg_types, args, stream) -> None:
         for a in args:
             if isinstance(a, torch.Tensor) and not a.is_floating_point():
                 a.zero_()
         return None
 
 
-def stub_launches() -> None:
+class Filtering(NoLaunch):
+    """:class:`NoLaunch` without ``runtime_tail``: the specialized runner calls :meth:`launch`,
+    which filters the arguments per call (the runner before stop 39)."""
+
+    runtime_tail = None
+
+
+def stub_launches(filtering: bool = False) -> None:
     """Every group's call launched once for real (the interpreter), then bound to a no-op
     launcher (``group_runner.bound_launch``), as a GPU binds the compiled binary."""
     from kernelab.compiler import group_runner as gr
 
+    stub = Filtering if filtering else NoLaunch
+
     def first_launch(self, call, args, varying):
         call.kernel[call.grid](*args, **call.meta)
-        return gr.bound_launch(call, varying, NoLaunch())
+        return gr.bound_launch(call, varying, stub(args))
 
     gr.GroupRunner.first_launch = first_launch
 
@@ -120,6 +143,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", default="", help="print this model's kernelab functions by own time")
     ap.add_argument("--out", type=Path, help="append the table (and profile) to this file")
+    ap.add_argument("--filtering", action="store_true",
+                    help="specialized lines call the launcher's launch(), which filters arguments per call "
+                         "(the runner before stop 39) instead of its entry with the runtime arguments")
     args = ap.parse_args(argv)
     from kernelab.zoo import ZOO
 
@@ -132,8 +158,9 @@ def main(argv=None) -> int:
         print("compiler_host_cpu.py: run with TRITON_INTERPRET=1 (the first launches run in Triton's interpreter)",
               file=sys.stderr)
         return 2
-    stub_launches()
-    lines = [f"# compiler_host_cpu.py --models {args.models} --steps {args.steps} --repeats {args.repeats}, "
+    stub_launches(args.filtering)
+    lines = [f"# compiler_host_cpu.py --models {args.models} --steps {args.steps} --repeats {args.repeats}"
+             f"{' --filtering' if args.filtering else ''}, "
              f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs",
              f"{'model':10s} {'step ms':>9s} {'kernelab own ms (cProfile)':>28s}"]
     for name in [m for m in args.models.split(",") if m]:

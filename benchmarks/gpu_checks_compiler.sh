@@ -23,6 +23,9 @@
 # the GPU shows so): Inductor and kernelab, one process each, 25 s of steps after the compile.
 # Call 1: zoo_profile.py OUT t5:train --modes inductor,kernelab --loss-fn --threads --paths --cprofile --top 30,
 # then mixtral:train likewise without --cprofile (results/zoo_profile_*_threads_stop37_h100.txt).
+# Stop 39, call 5 (CALL=5): the batch-norm, conv-layout, fast-runner, CUDA-graph and reuse GPU tests
+# under stop 38's default, then T5's training step with --runner-threads (each compiled graph's call
+# timed and cProfiled on the thread that runs it: what autograd's thread costs kernelab's runners).
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -42,6 +45,17 @@ if [ "${CALL:-2}" = 4 ]; then
         python3 benchmarks/folded_summary.py "$OUT/pyspy_t5_$mode.txt" --top 40 > "$OUT/pyspy_t5_${mode}_summary.txt" \
             && gzip -f "$OUT/pyspy_t5_$mode.txt"
     done
+    exit 0
+fi
+if [ "${CALL:-2}" = 5 ]; then  # stop 39: the GPU files stop 38 left unrun under its default, then T5's threads
+    timeout "$(left 200)" python3 -m pytest tests/gpu/test_batch_norm_gpu.py tests/gpu/test_conv_layout_gpu.py \
+        tests/gpu/test_fast_runner_gpu.py tests/gpu/test_cudagraphs_gpu.py tests/gpu/test_reuse_gpu.py -q \
+        -p no:cacheprovider -W ignore -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
+    echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED|Error" "$OUT/gpu_tests.txt" | head -10
+    timeout "$(left 300)" python3 benchmarks/zoo_profile.py "$OUT/zp_t5" t5:train --modes inductor,kernelab \
+        --loss-fn --runner-threads --top 30 > "$OUT/zoo_profile_t5_runner_threads.log" 2>&1
+    echo "zoo_profile t5 --runner-threads rc=$? (${SECONDS}s)"
+    grep "^==\|graph calls\|failed" "$OUT/zoo_profile_t5_runner_threads.log" | cut -c1-260
     exit 0
 fi
 if [ "${CALL:-2}" = 3 ]; then

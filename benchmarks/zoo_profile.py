@@ -2,7 +2,7 @@
 """Where a zoo model's step spends its GPU time, per compiler: the top kernels by total CUDA time.
 
     python benchmarks/zoo_profile.py OUT_DIR gpt2:infer llama:train [--modes inductor,kernelab] [--top 15] [--memory] [--cprofile] [--loss-fn]
-        [--threads] [--paths] [--loop S]
+        [--threads] [--paths] [--runner-threads] [--loop S]
 
 Modes: eager, inductor, kernelab, and inductor-cg / kernelab-cg (``mode="reduce-overhead"``: CUDA graphs).
 
@@ -19,6 +19,11 @@ are counted by the way they went, per thread: a specialized runner line or a bou
 torch's precompiled launcher, ``GroupRunner.run_values`` calls, and Triton's own launch path
 (``kernel[grid](...)``, tens of microseconds of Python each). With --loop S, steps run for S more
 seconds at the end, unmeasured: for a sampling profiler attached to the process (py-spy).
+With --runner-threads, each call of a compiled graph (kernelab's ``GraphRunner``, Inductor's
+``CompiledFxGraph``) is timed on whichever thread runs it (wall and that thread's CPU time), with
+autograd's multithreading on and off, then profiled there (cProfile enabled on the running thread:
+autograd's CUDA thread included, which a profiler started on the calling thread misses): what the
+hand-over to autograd's thread costs each compiler's runners, and where.
 Needs a CUDA GPU (the device machine).
 """
 from __future__ import annotations
@@ -145,6 +150,79 @@ def _single_thread_lines(step) -> list[str]:
             f"host {statistics.median(host):.2f} ms (medians of {len(wall)} steps; step {min(wall):.2f}-{max(wall):.2f})"]
 
 
+def _graph_call_class(mode: str):
+    """(class, method name) of a compiled graph's call: kernelab's runner or Inductor's graph."""
+    if mode.startswith("kernelab"):
+        from kernelab.compiler.runtime import GraphRunner
+        return GraphRunner, "__call__"
+    from torch._inductor.output_code import CompiledFxGraph
+    return CompiledFxGraph, "__call__"
+
+
+def _runner_thread_lines(step, mode: str, top: int, steps: int = 10) -> list[str]:
+    """Compiled graphs' calls timed (and then cProfiled) on the thread that runs them."""
+    import cProfile
+    import contextlib
+    import io
+    import pstats
+    import threading
+    import time
+
+    cls, name = _graph_call_class(mode)
+    original = getattr(cls, name)
+    record: dict = {}  # thread name -> [calls, wall s, thread cpu s]
+    profiles: dict = {}  # thread name -> cProfile.Profile (None: timing only)
+    profiling = [False]
+
+    def timed(self, *args, **kwargs):
+        who = "main" if threading.current_thread() is threading.main_thread() else "other"
+        prof = None
+        if profiling[0]:
+            prof = profiles.setdefault(who, cProfile.Profile())
+            prof.enable()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            c1, t1 = time.thread_time(), time.perf_counter()
+            if prof is not None:
+                prof.disable()
+            r = record.setdefault(who, [0, 0.0, 0.0])
+            r[0] += 1
+            r[1] += t1 - t0
+            r[2] += c1 - c0
+
+    lines = []
+    setattr(cls, name, timed)
+    try:
+        for multithreaded in (True, False):
+            with torch.autograd.set_multithreading_enabled(multithreaded):
+                step()
+                torch.cuda.synchronize()
+                record.clear()
+                for _ in range(steps):
+                    step()
+                torch.cuda.synchronize()
+            where = "autograd's thread" if multithreaded else "the calling thread"
+            parts = ", ".join(f"{who} thread {r[0] / steps:.0f} calls {1e3 * r[1] / steps:.2f} ms wall "
+                              f"{1e3 * r[2] / steps:.2f} ms cpu" for who, r in sorted(record.items()))
+            lines.append(f"  graph calls a step, backward on {where}: {parts}")
+        with torch.autograd.set_multithreading_enabled(True):
+            profiling[0] = True
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+            profiling[0] = False
+    finally:
+        setattr(cls, name, original)
+    for who, prof in sorted(profiles.items()):
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+        lines.append(f"  cProfile of the graph calls on the {who} thread (5 steps, autograd multithreaded), by own time:")
+        lines += ["    " + line for line in text.getvalue().splitlines() if line.strip()][:top + 6]
+    return lines
+
+
 def _launch_path_lines(step) -> list[str]:
     """One step's kernel launches counted by path and thread (kernelab's runners only)."""
     import collections
@@ -246,7 +324,7 @@ def _host_profile(step, top: int, out: Path | None = None, steps: int = 5) -> li
 
 def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False, cprofile: bool = False,
                 out: Path | None = None, loss_fn: bool = False, threads: bool = False, paths: bool = False,
-                loop_s: float = 0.0) -> list[str]:
+                loop_s: float = 0.0, runner_threads: bool = False) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
     import kernelab.compiler  # noqa: F401 - registers backend="kernelab"
@@ -290,6 +368,8 @@ def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False,
         lines += _single_thread_lines(step)
     if paths and mode.startswith("kernelab"):
         lines += _launch_path_lines(step)
+    if runner_threads and mode != "eager":
+        lines += _runner_thread_lines(step, mode, top)
     if cprofile:
         lines += _host_profile(step, top,
                                out / f"host_{name}_{kind}_{mode}.pstats" if out is not None else None)
@@ -313,6 +393,8 @@ def main() -> None:
     parser.add_argument("--threads", action="store_true",
                         help="time the step again with the backward on the calling thread")
     parser.add_argument("--paths", action="store_true", help="count one step's launches by path and thread")
+    parser.add_argument("--runner-threads", action="store_true",
+                        help="time and cProfile the compiled graphs' calls on the thread that runs them")
     parser.add_argument("--loop", type=float, default=0.0, metavar="S",
                         help="run steps for S more seconds at the end, unmeasured (for py-spy)")
     args = parser.parse_args()
@@ -325,7 +407,7 @@ def main() -> None:
         for mode in args.modes.split(","):
             try:
                 lines = profile_one(name, kind or "train", mode, args.top, args.memory, args.cprofile, args.out,
-                                    args.loss_fn, args.threads, args.paths, args.loop)
+                                    args.loss_fn, args.threads, args.paths, args.loop, args.runner_threads)
             except Exception as exc:  # noqa: BLE001 - one failure must not end the run
                 lines = [f"== {name} {kind} {mode}: failed: {type(exc).__name__}: {exc}"]
             print("\n".join(lines), flush=True)

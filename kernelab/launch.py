@@ -429,6 +429,18 @@ class StaticLauncher:
         self.function, self.num_warps, self.shared, self.keep = loaded.function, loaded.num_warps, loaded.shared, keep
         self.entry = torch._C._StaticCudaLauncher._launch_kernel
 
+    def runtime_tail(self, leading: int, tail: tuple) -> "tuple | None":
+        """What :meth:`launch` passes after the first ``leading`` arguments (tensors) for a launch
+        whose other arguments never change (``tail``): the ones the binary takes at run time, its
+        scratch placeholders appended; computed once, so that a caller may call :attr:`entry`
+        itself with ``(*tensors, *runtime_tail)`` (the compiler's specialized runner: no argument
+        filtering a launch, where Triton made an argument of 1, such as an innermost stride, a
+        constant). None where the binary made one of the leading arguments a constant."""
+        keep = self.keep
+        if keep[:leading] != tuple(range(leading)) or len(tail) + leading <= keep[-1]:
+            return None
+        return tuple(tail[i - leading] for i in keep[leading:]) + self.extra
+
     def launch(self, grid: tuple, stream: int, args: tuple) -> None:
         keep = self.keep
         runtime = (args[:len(keep)] if keep[-1] == len(keep) - 1 else tuple([args[i] for i in keep])) + self.extra

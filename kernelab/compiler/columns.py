@@ -17,14 +17,43 @@ counters are zeroed once when the launch is first prepared.
 The counter handshake orders memory like a stream-K matmul's: a CTA barrier so that every thread's
 partial store precedes the release, an acquire-release atomic, and L1-bypassing loads of the
 partials.
+
+A variance (``var`` over the leading dims: a channels-last batch norm's statistics,
+``rewrites.batch_norm_statistics_as_columns``) is accumulated the way Welford's algorithm does,
+per lane of the tile: each lane keeps the mean, the sum of squared deviations from it (M2) and its
+count, and moves its mean by ``(x - mean) / count`` at every tile; lanes, then splits, merge by
+Chan's formula (``kl_math.welford_combine``), three workspace values a split (float64 ones for
+float64 reductions: ``workspace_dtype``). No sum of squares
+is ever subtracted from another, so no digit cancels wherever the values sit (a sparse channel
+whose first value is one of its few nonzeros lost 3 digits to a shifted one-pass variance).
 """
 from __future__ import annotations
 
+import torch
+
 from . import fusion
-from .emit import Emitter, doc_lines, emit_coordinates, loads_of, node_expression, strided_signature, var_name
+from .emit import (Emitter, correction, doc_lines, emit_coordinates, loads_of, node_expression, strided_signature,
+                   var_name)
 from .ops_table import compute_type
 
-__all__ = ["column_source"]
+__all__ = ["column_source", "workspace_dtype", "workspace_slots"]
+
+
+def _is_var(n) -> bool:
+    return fusion.reduction_kind(n) == "var"
+
+
+def workspace_slots(group) -> int:
+    """Values a row split leaves in the workspace per column: one per sum or mean, three per
+    variance (its mean, M2 and count)."""
+    return sum(3 if _is_var(n) else 1 for n in group.nodes if fusion.is_reduction(n))
+
+
+def workspace_dtype(group) -> torch.dtype:
+    """The partials' type: float64 where a reduction accumulates in float64 (float32 partials
+    rounded a float64 sum split across programs to float32's 7 digits), else float32."""
+    wide = any(_acc_type(n) == "tl.float64" for n in group.nodes if fusion.is_reduction(n))
+    return torch.float64 if wide else torch.float32
 
 
 def column_source(group, rank: int) -> str:
@@ -44,7 +73,8 @@ def column_source(group, rank: int) -> str:
     em.emit("else:")
     em.emit("    first_row = split * tiles_per_split * XBLOCK")
     for r in reductions:
-        em.emit(f"{var_name(r)}_acc = tl.zeros([XBLOCK, CBLOCK], dtype={_acc_type(r)})")
+        for acc in (("_mean", "_m2", "_n") if _is_var(r) else ("_acc",)):
+            em.emit(f"{var_name(r)}{acc} = tl.zeros([XBLOCK, CBLOCK], dtype={_acc_type(r)})")
     em.emit("# walk this split's rows one tile at a time: each input element is read once")
     em.emit("for tile in range(0, tiles_per_split):")
     em.indent = "        "
@@ -64,29 +94,35 @@ def column_source(group, rank: int) -> str:
             em.emit(f"{var_name(n)} = {node_expression(em, n)}")
         elif fusion.is_reduction(n):
             x = em.block(n.args[0], _acc_type(n), "[XBLOCK, CBLOCK]")
-            em.emit(f"{var_name(n)}_acc += tl.where(mask, {x}, 0)")
+            if _is_var(n):
+                _welford_step(em, var_name(n), x, _acc_type(n))
+            else:
+                em.emit(f"{var_name(n)}_acc += tl.where(mask, {x}, 0)")
     for i, n in enumerate(group.outputs):
         if group.roles[n] == "full":  # a value ATen reads too (a matmul's input): written once, here
             em.emit(f"tl.store(out{i}_ptr + row * n_cols + cols, tl.broadcast_to({var_name(n)}, [XBLOCK, CBLOCK])"
                     f".to(out{i}_ptr.dtype.element_ty), mask=mask)")
     em.indent = "    "
-    em.emit("# this split's sum of each column")
+    em.emit("# this split's sum of each column" + (" (a variance: its lanes merged, M2 until the epilogue)"
+                                                  if any(_is_var(r) for r in reductions) else ""))
     for r in reductions:
-        em.emit(f"{var_name(r)} = tl.sum({var_name(r)}_acc, axis=0)[None, :]")
+        _merged(em, r, _parts(r) if _is_var(r) else [f"{var_name(r)}_acc"])
+    slots = _slots(reductions)
     em.emit("if SPLITS > 1:")
     em.indent = "        "
     em.emit("# publish the partial sums; the last program to arrive at this column block adds them up")
-    for k, r in enumerate(reductions):
-        em.emit(f"tl.store(work_ptr + ({k} * splits + split) * n_cols + cols, {var_name(r)}, mask=cmask)")
+    for r, first in zip(reductions, slots):
+        for k, part in enumerate(_parts(r)):
+            em.emit(f"tl.store(work_ptr + ({first + k} * splits + split) * n_cols + cols, {part}, mask=cmask)")
     em.emit("tl.debug_barrier()")
     em.emit('arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel")')
     em.emit("if arrived == splits - 1:")
     em.indent = "            "
     em.emit("parts = tl.arange(0, SPLITS)[:, None]")
     em.emit("pmask = (parts < splits) & cmask")
-    for k, r in enumerate(reductions):
-        em.emit(f"{var_name(r)} = tl.sum(tl.load(work_ptr + ({k} * splits + parts) * n_cols + cols, mask=pmask, "
-                f"other=0, cache_modifier=\".cg\"), axis=0)[None, :]")
+    for r, first in zip(reductions, slots):
+        _merged(em, r, [f"tl.load(work_ptr + ({first + k} * splits + parts) * n_cols + cols, mask=pmask, other=0, "
+                        f"cache_modifier=\".cg\")" for k in range(len(_parts(r)))])
     _epilogue(em, loads)
     em.emit("tl.atomic_xchg(count_ptr + tl.program_id(0), 0)  # ready for the next launch")
     em.indent = "    "
@@ -99,6 +135,47 @@ def column_source(group, rank: int) -> str:
 
 def _acc_type(n) -> str:
     return compute_type(fusion.value(n).dtype)
+
+
+def _parts(r) -> list:
+    """What a split publishes of reduction ``r``: its sum, or a variance's mean, M2 and count."""
+    v = var_name(r)
+    return [f"{v}_mean", f"{v}_m2", f"{v}_n"] if _is_var(r) else [v]
+
+
+def _merged(em: Emitter, r, rows: list) -> None:
+    """Reduction ``r``'s value per column from ``rows`` ([rows, columns] expressions: the tile's
+    lane accumulators, or the splits' published partials): their sum, or a variance's lanes merged
+    by Chan's formula, kept as M2 until the epilogue divides it."""
+    v = var_name(r)
+    if _is_var(r):
+        em.emit(f"{v}_mean, {v}_m2, {v}_n = klm.welford_columns({', '.join(rows)})")
+        em.emit(f"{v} = {v}_m2")
+    else:
+        em.emit(f"{v} = tl.sum({rows[0]}, axis=0)[None, :]")
+
+
+def _slots(reductions) -> list:
+    """Each reduction's first workspace slot (slots of ``splits x C`` values, in reduction order)."""
+    first, out = 0, []
+    for r in reductions:
+        out.append(first)
+        first += len(_parts(r))
+    return out
+
+
+def _welford_step(em: Emitter, v: str, x: str, acc: str) -> None:
+    """One tile into a variance's lane accumulators (Welford): the count grows where the tile has
+    a row, the mean moves by ``delta / count``, M2 gains ``delta * (x - new mean)``. A lane with a
+    row in this tile had one in each earlier tile of its split (rows past the end come last), so
+    its new count is ``tile + 1``: one reciprocal a tile (in the accumulator's type ``acc``), no
+    division an element."""
+    em.emit(f"{v}_x = {x}")
+    em.emit(f"{v}_d = tl.where(mask, {v}_x - {v}_mean, 0.0)")
+    em.emit(f"{v}_w = 1.0 / (tl.zeros([1, 1], {acc}) + (tile + 1))")
+    em.emit(f"{v}_mean = {v}_mean + {v}_d * {v}_w")
+    em.emit(f"{v}_m2 = {v}_m2 + {v}_d * tl.where(mask, {v}_x - {v}_mean, 0.0)")
+    em.emit(f"{v}_n = {v}_n + tl.where(mask, 1.0, 0.0)")
 
 
 def _epilogue(em: Emitter, loads) -> None:
@@ -115,6 +192,8 @@ def _epilogue(em: Emitter, loads) -> None:
         if fusion.is_reduction(n):
             if fusion.reduction_kind(n) == "mean":
                 em.emit(f"{var_name(n)} = {var_name(n)} / rows")
+            elif _is_var(n):  # M2 / (N - correction), the divisor clamped at 0 as ATen's
+                em.emit(f"{var_name(n)} = {var_name(n)} / tl.maximum(rows - {correction(n)}, 0.0)")
         else:
             em.emit(f"{var_name(n)} = {node_expression(em, n)}")
     em._load_role = "full"

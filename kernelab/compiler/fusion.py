@@ -529,6 +529,8 @@ def _classify_reduction(node) -> tuple[str, str]:
     rank = value(src).dim()
     red = bound_args(node).get(dim_key)
     red = [red] if isinstance(red, int) else list(red or [])
+    if kind == "var" and isinstance(bound_args(node).get("correction"), fx.Node):
+        return "eager", "a variance whose correction is known only at run time (a symbolic value)"
     if rank >= 2 and red and sorted(d % rank for d in red) == list(range(rank - 1)):
         return _classify_column(node, kind)
     if rank == 0 or not red or sorted(d % rank for d in red) != [rank - 1]:
@@ -548,10 +550,10 @@ def _classify_reduction(node) -> tuple[str, str]:
 
 
 def _classify_column(node, kind: str) -> tuple[str, str]:
-    """A reduction over every dim but the last (a bias or norm-weight gradient): one value per
-    column, generated for float sums and means."""
-    if kind not in ("sum", "mean"):
-        return "eager", f"{short_name(node)} over the leading dims is not generated (sums and means are)"
+    """A reduction over every dim but the last (a bias or norm-weight gradient, a channels-last
+    batch norm's statistics): one value per column, generated for float sums, means and variances."""
+    if kind not in ("sum", "mean", "var"):
+        return "eager", f"{short_name(node)} over the leading dims is not generated (sums, means and variances are)"
     if not value(node).is_floating_point():
         return "eager", "an integer sum over the leading dims is not generated"
     return "column", ""

@@ -24,7 +24,7 @@ from .. import config
 from ..errors import KernelabFallbackWarning
 from ..launch import StaticLauncher, current_stream as launch_stream, enabled as launch_enabled, hooked, specialization
 from ..report import debug_level
-from . import codegen, emit, fusion, layout, loops, ops_table
+from . import codegen, columns, emit, fusion, layout, loops, ops_table
 from .eventlog import record_fallback, record_launch, record_reuse
 from .kcache import cache_dir, kernel_module
 from .tiling import DEFAULT as DEFAULT_TILING, Tiling
@@ -118,7 +118,8 @@ class Call:
     launched: bool = False  # compiled and launched once without error
     direct: "_DirectLaunch | None" = None  # Triton's launcher, bound once (GPU only)
     move: tuple = ()  # inputs on another device than the kernel's (0-d CPU scalars): copied per call
-    workspace: int = 0  # float32 values of scratch a column reduction's splits need per launch
+    workspace: int = 0  # values of scratch a column reduction's splits need per launch
+    workspace_dtype: torch.dtype = torch.float32  # its partials' type (float64 for float64 reductions)
     col_blocks: int = 0  # a column reduction's column blocks: one arrival counter each
     counters: dict = field(default_factory=dict)  # stream -> int32 counters, zeroed once, reset by the kernel
     transient: bool = False  # counters zeroed per call instead (under CUDA graphs: see GroupRunner)
@@ -147,13 +148,13 @@ class Call:
             return ()
         if self.transient:  # one memset more per launch; nothing kept between calls
             counters = torch.zeros(self.col_blocks, dtype=torch.int32, device=self.device)
-            work = torch.empty(self.workspace, dtype=torch.float32, device=self.device) if self.workspace else counters
+            work = torch.empty(self.workspace, dtype=self.workspace_dtype, device=self.device) if self.workspace else counters
             return work, counters
         stream = current_stream(self.device)
         counters = self.counters.get(stream)
         if counters is None:
             counters = self.counters[stream] = torch.zeros(self.col_blocks, dtype=torch.int32, device=self.device)
-        work = torch.empty(self.workspace, dtype=torch.float32, device=self.device) if self.workspace else counters
+        work = torch.empty(self.workspace, dtype=self.workspace_dtype, device=self.device) if self.workspace else counters
         return work, counters
 
 
@@ -283,8 +284,8 @@ def bound_launch(call: Call, varying, launcher) -> _DirectLaunch:
     launch stubbed on the CPU (``benchmarks/compiler_host_cpu.py``)."""
     from triton import knobs
 
-    return _DirectLaunch(None, tuple(call.grid), (), _specialization_key(varying), 0, lambda device_index: 0,
-                         knobs, launcher)
+    return _DirectLaunch(None, tuple(call.grid) + (1,) * (3 - len(call.grid)), (), _specialization_key(varying), 0,
+                         lambda device_index: 0, knobs, launcher)
 
 
 @dataclass(frozen=True)
@@ -718,8 +719,8 @@ class GroupRunner:
         col_blocks = (n_cols + cblock - 1) // cblock
         call = Call(self.kernel(len(sizes), True), (col_blocks, splits), tail, meta,
                      [_out_spec(o) for o in outs], device)
-        n_red = sum(1 for n in g.nodes if fusion.is_reduction(n))
-        call.workspace = n_red * splits * n_cols if splits > 1 else 0
+        call.workspace = columns.workspace_slots(g) * splits * n_cols if splits > 1 else 0
+        call.workspace_dtype = columns.workspace_dtype(g)
         call.col_blocks = col_blocks
         call.transient = self.transient_scratch
         return call

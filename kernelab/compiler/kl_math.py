@@ -141,3 +141,23 @@ def max_rows(v):
 def min_rows(v):
     has_nan = tl.max((v != v).to(tl.int32), axis=1)
     return tl.where(has_nan > 0, float("nan"), tl.min(v, axis=1))
+
+
+@triton.jit
+def welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    """Chan's merge of two sets' (mean, sum of squared deviations, count): the mean moves by the
+    means' difference weighted by the second set's share, and M2 gains that difference squared
+    times n_a * n_b / n. Exact in exact arithmetic and free of the cancellation of
+    ``sum(x^2) - sum(x)^2 / n``; an empty set (count 0) changes nothing."""
+    n = n_a + n_b
+    share = tl.where(n == 0, 0.0, n_b / tl.where(n == 0, 1.0, n))
+    delta = mean_b - mean_a
+    return mean_a + delta * share, m2_a + m2_b + delta * delta * n_a * share, n
+
+
+@triton.jit
+def welford_columns(mean, m2, n):
+    """The lanes of [rows, columns] Welford accumulators merged along axis 0 (each column's
+    statistics over every lane), as [1, columns]."""
+    mean, m2, n = tl.reduce((mean, m2, n), 0, welford_combine)
+    return mean[None, :], m2[None, :], n[None, :]

@@ -612,20 +612,17 @@ def batch_norm_statistics_as_columns(gm: fx.GraphModule) -> int:
     """The same variance (and the sum beside it) of a tensor whose kept dim is the innermost in
     memory (a channels-last activation, ``conv_layout.py``: (N, C, H, W) stored as N, H, W, C)
     -> one column kernel: the tensor is read as its memory lays it out, M = N * H * W rows of C
-    columns (a permuted view: no copy), and each channel's sums are a column reduction
-    (``columns.py``), shifted by the channel's first value ``s = x[0, c, 0, 0]``:
-    ``S1 = sum(x - s)``, ``S2 = sum((x - s)^2)``; the mean is ``s + S1 / M`` and the sum of
-    squared deviations ``S2 - S1^2 / M``. Both sums in one pass over the tensor, where ATen's
+    columns (a permuted view: no copy), and each channel's variance and sum are column reductions
+    of that view (``columns.py``), one kernel. Both in one pass over the tensor, where ATen's
     channels-last norm reads it for its statistics and again for the output: the output's
     ``(x - mean) * rstd`` joins the kernel after it (the ReLU, the residual add), and the
     running statistics the column kernel's per-column epilogue.
 
-    The shift keeps the difference from cancelling: ``x - s`` is of the order of the channel's
-    spread wherever its values sit (``E[x^2] - mean^2`` in float32 loses every digit of a channel
-    at 1000 +- 1); ``S2 - S1^2 / M`` then loses what ``(mean - s)^2`` outweighs the variance: a
-    few bits for a first value within a few deviations of the mean, up to ~float32 epsilon * M
-    relative when it is a lone outlier (3e-4 at M = 1024 against eager's 1e-6; Chan's merge of
-    per-tile statistics would remove that, not built). Only static shapes and float32/float64."""
+    The column template accumulates a variance as Welford's algorithm does, lanes and row splits
+    merged by Chan's formula: no digit cancels wherever a channel's values sit (1000 +- 1) or
+    however its first value lies (stops 37-38 shifted by it: a sparse channel whose first value is
+    one of its few nonzeros came out 1e-3 off float64 at 32768 values, eager 5e-8).
+    Only static shapes and float32/float64."""
     count = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _VARIANCES:
@@ -678,15 +675,9 @@ def _statistics_in_columns(gm, var_node, perm: list) -> int:
     try:
         # memory order, (N, H, W, C); a cast before it (a float16 norm's) recomputed on the view
         matrix = _permuted(b, x, perm, _recomputed_for_columns(gm), {})
-        shift = _first_sample(b, x, perm[-1])  # one value per channel
-        deviation = b.op(aten.sub.Tensor, matrix, shift)
         lead = list(range(len(perm) - 1))
-        s1 = b.op(aten.sum.dim_IntList, deviation, lead)
-        s2 = b.op(aten.sum.dim_IntList, b.op(aten.mul.Tensor, deviation, deviation), lead)
-        squares = b.op(aten.sub.Tensor, s2, b.op(aten.div.Tensor, b.op(aten.mul.Tensor, s1, s1), float(rows)))
-        new_var = b.op(aten.div.Tensor, squares, float(rows) - correction)
-        mean = b.op(aten.add.Tensor, shift, b.op(aten.div.Tensor, s1, float(rows)))
-        new_sums = [b.op(aten.mul.Tensor, mean, float(rows)) for _ in sums]
+        new_var = b.op(aten.var.correction, matrix, lead, correction=correction)
+        new_sums = [b.op(aten.sum.dim_IntList, matrix, lead) for _ in sums[:1]] * len(sums)
         if any(fusion.value(n).shape != val.shape for n in [new_var, *new_sums]):
             raise ValueError("the statistics' shape differs")
     except Exception:  # noqa: BLE001 - a value the ops do not take: left as it was
@@ -730,24 +721,6 @@ def innermost_kept_sums_as_columns(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(new)
         count += 1
     return _cleanup(gm, count)
-
-
-def _first_sample(b: _Builder, node: fx.Node, kept: int) -> fx.Node:
-    """``node``'s values at index 0 of every dim but ``kept``: taken from the tensor in memory,
-    through a chain of one-operand pointwise ops (casts) recomputed on them; ValueError for a
-    chain of several tensor operands."""
-    if _recomputable(node):
-        tensors = [a for a in node.args if isinstance(a, fx.Node) and isinstance(fusion.value(a), torch.Tensor)
-                   and fusion.value(a).dim() > 0]
-        if len(tensors) != 1 or fusion.value(tensors[0]).shape != fusion.value(node).shape:
-            raise ValueError("a sample of a chain of several tensors")
-        first = _first_sample(b, tensors[0], kept)
-        return b.op(node.target, *[first if a is tensors[0] else a for a in node.args], **node.kwargs)
-    sample = node
-    for d in reversed(range(fusion.value(node).dim())):
-        if d != kept:
-            sample = b.op(aten.select.int, sample, d, 0)
-    return sample
 
 
 def _recomputable(node) -> bool:

@@ -265,9 +265,9 @@ def _fast_group(item: GroupRunner, spec, names: dict, bind, stream: str) -> str:
         body = [f"{', '.join(outs)}{comma} = {allocs}{comma}"]
     body += [f"{outs[i]} = {outs[i]}[..., :{cols}]" for i, cols in spec.narrow]
     body += [f"{outs[i]}.zero_()" for i in spec.zeroed]
-    args = [*loads, *outs] + ([f"*{bind('w', spec.scratch)}()"] if spec.scratch is not None else []) + \
-        ([f"*{bind('c', spec.tail)}"] if spec.tail else [])
-    body.append(f"{bind('l', spec.launcher)}.launch({bind('c', spec.grid)}, {stream}, ({', '.join(args)},))")
+    lead = [*loads, *outs] + ([f"*{bind('w', spec.scratch)}()"] if spec.scratch is not None else [])
+    body.append(_launch_line(spec, lead, len(loads) + len(outs) + (2 if spec.scratch is not None else 0),
+                             bind, stream))
     checked = [loads[i] for i in spec.aligned] + [list(into.values())[k] for k in spec.into_aligned]
     if not checked:
         return "\n".join(f"    {line}" for line in body) + f"  # {item.group.name}"
@@ -276,6 +276,24 @@ def _fast_group(item: GroupRunner, spec, names: dict, bind, stream: str) -> str:
     slow = f"{''.join(o + ', ' for o in outs)}= {bind('g', item)}.run_values([{', '.join(loads)}], []{bufs})"
     return "\n".join([f"    if {check}:  # {item.group.name}", *(f"        {line}" for line in body), "    else:",
                       f"        {slow}"])
+
+
+def _launch_line(spec, lead: list, tensors: int, bind, stream: str) -> str:
+    """The launch of a :class:`FastLaunch`: torch's C++ entry called directly with the binary's
+    runtime arguments (``launch.StaticLauncher.runtime_tail``, the constants of the tail left out
+    once here rather than filtered per launch), else the launcher's ``launch``. ``lead``: the
+    tensor arguments' expressions (a column reduction's scratch as one starred call), ``tensors``
+    how many they make."""
+    launcher = spec.launcher
+    runtime_tail = getattr(launcher, "runtime_tail", None)
+    tail = runtime_tail(tensors, spec.tail) if runtime_tail is not None else None
+    if tail is None:
+        args = lead + ([f"*{bind('c', spec.tail)}"] if spec.tail else [])
+        return f"{bind('l', launcher)}.launch({bind('c', spec.grid)}, {stream}, ({', '.join(args)},))"
+    args = lead + ([f"*{bind('c', tail)}"] if tail else [])
+    grid = ", ".join(str(int(g)) for g in spec.grid)  # three dims (``_DirectLaunch``)
+    return (f"{bind('x', launcher.entry)}({bind('c', launcher.function)}, {grid}, {int(launcher.num_warps)}, "
+            f"{int(launcher.shared)}, {bind('c', launcher.arg_types)}, ({', '.join(args)},), {stream})")
 
 
 def _view_line(chain, root: str, bind, fast) -> str:

@@ -83,8 +83,50 @@ def test_layer_norm_backward_plan_has_one_column_kernel():
     assert len(backward) == 2 and all(n.startswith("kl_fused_") for n in backward), names
 
 
+@pytest.mark.parametrize("shape, dims, correction, keepdim, dtype", [
+    ((300, 5), (0,), 1, False, torch.float32),  # 19 tiles of 16 rows in 4 row splits (interpreter)
+    ((6, 50, 3), (0, 1), 0, True, torch.float32),
+    ((7, 4), (0,), 2, False, torch.float16),
+    ((40, 33), (0,), 1, False, torch.float64),
+])
+def test_a_variance_over_the_leading_dims_is_a_column_kernel(shape, dims, correction, keepdim, dtype):
+    """``var`` over every dim but the last: one column kernel (Welford lanes merged by Chan's
+    formula, row splits too), at an offset where sums of squares would lose every digit: within
+    2e-5 of float64 (float32 holds values near 1000 to 6e-5, against a spread of 3; eager's CPU
+    variance accumulates in float64), float16 as close as eager's, float64 to 1e-12."""
+    x = (randn(*shape) * 3 + 1000).to(dtype)
+    fn = lambda x: torch.var(x, dims, correction=correction, keepdim=keepdim) * 2
+    kernels = klc.plan_kernels(fn, (x,))
+    assert [k.name for k in kernels] == ["kl_fused_var_mul"], [k.name for k in kernels]
+    got = klc.compile(fn)(x)
+    exact = fn(x.double())
+    eager_err = (fn(x).double() - exact).abs().max() / exact.abs().max()
+    assert got.dtype == dtype and got.shape == exact.shape
+    tolerance = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-5}[dtype]
+    assert (got.double() - exact).abs().max() / exact.abs().max() <= max(4 * eager_err, tolerance)
+
+
+def test_a_float64_column_sum_split_across_programs_keeps_float64s_digits():
+    """Row splits publish their partial sums in a workspace of the reduction's type: float32
+    partials rounded float64 sums to float32's 7 digits (1e-8 off; 1e-16 now)."""
+    x = randn(300, 5).double() + 1 / 3
+    got = klc.compile(lambda x: x.sum(0))(x)
+    assert got.dtype == torch.float64
+    assert ((got - x.sum(0)).abs() / x.sum(0).abs()).max() < 1e-13
+
+
+def test_a_variance_with_no_degrees_of_freedom_is_nan_or_inf_as_eagers():
+    """M2 / max(N - correction, 0): 0 / 0 is NaN (one row), M2 / 0 infinite, as ATen's."""
+    for x, correction in ((randn(1, 4), 1), (randn(2, 4), 3)):
+        torch._dynamo.reset()  # (a second correction would recompile it as a symbolic value: ATen's)
+        got = klc.compile(lambda x: torch.var(x, 0, correction=correction))(x)
+        want = torch.var(x, 0, correction=correction)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+        assert got.isnan().any() or got.isinf().any()
+
+
 @pytest.mark.parametrize("target, dtype, why", [
-    (torch.ops.aten.amax.default, torch.float32, "amax over the leading dims is not generated (sums and means are)"),
+    (torch.ops.aten.amax.default, torch.float32, "amax over the leading dims is not generated (sums, means and variances are)"),
     (torch.ops.aten.sum.dim_IntList, torch.int64, "an integer sum over the leading dims is not generated"),
 ])
 def test_refusals_give_reasons(target, dtype, why):

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from kernelab import launch
 from kernelab.compiler import group_runner, runtime
 from tests.compiler.conftest import REL, gradients_off, rel_norm
 
@@ -39,6 +40,45 @@ def bound(monkeypatch):
     def first_launch(self, call, args, varying):
         call.kernel[call.grid](*args, **call.meta)
         launcher = _Interpreting(call)
+        made.append(launcher)
+        return group_runner.bound_launch(call, varying, launcher)
+
+    monkeypatch.setattr(group_runner.GroupRunner, "first_launch", first_launch)
+    return made
+
+
+class _EntryLauncher(_Interpreting):
+    """Like torch's precompiled launcher (``launch.StaticLauncher``): the binary made every integer
+    argument of 1 a constant (as Triton does with an innermost stride of 1) and takes one scratch
+    placeholder, so the specialized line calls :meth:`entry` with only the runtime arguments; the
+    entry puts the constants back and runs the kernel in the interpreter."""
+
+    runtime_tail = launch.StaticLauncher.runtime_tail
+    function, num_warps, shared, arg_types, extra = 7, 4, 0, "runtime types", (None,)
+
+    def __init__(self, call, args):
+        super().__init__(call)
+        self.n_args = len(args)
+        self.keep = tuple(i for i, a in enumerate(args) if not (type(a) is int and a == 1))
+        self.entries = 0
+
+    def entry(self, function, gx, gy, gz, warps, shared, arg_types, runtime, stream):
+        assert (function, warps, shared, arg_types) == (7, 4, 0, "runtime types")
+        assert (gx, gy, gz) == tuple(self.call.grid) + (1,) * (3 - len(self.call.grid))
+        assert len(runtime) == len(self.keep) + 1 and runtime[-1] is None
+        given = dict(zip(self.keep, runtime))
+        self.entries += 1
+        self.launch(self.call.grid, stream, tuple(given.get(i, 1) for i in range(self.n_args)))
+
+
+@pytest.fixture
+def bound_entries(monkeypatch):
+    """Every group's first launch runs as usual, then binds an :class:`_EntryLauncher`."""
+    made = []
+
+    def first_launch(self, call, args, varying):
+        call.kernel[call.grid](*args, **call.meta)
+        launcher = _EntryLauncher(call, args)
         made.append(launcher)
         return group_runner.bound_launch(call, varying, launcher)
 
@@ -94,6 +134,35 @@ def test_training_steps_run_the_specialized_lines_and_match_eager(bound, built_r
     # after the first step every launch went through the specialized lines: the interpreting
     # launchers counted the two later steps' launches (the first step launched them itself)
     assert bound and all(launcher.launches == 2 for launcher in bound)
+
+
+def test_the_specialized_lines_call_the_launchers_entry_with_runtime_arguments_only(bound_entries, built_runners):
+    """Where the launcher is torch's precompiled one, a specialized line calls its C++ entry
+    directly with the tensors and the runtime part of the cached tail (``runtime_tail``: the
+    binary's constants, such as strides of 1, left out once when the line is written, not filtered
+    per launch). Values as eager's over three steps; every later launch through the entry."""
+    checked_step = _compiled_block()
+    for _ in range(3):
+        checked_step()
+    runners = [r for r in built_runners if r.group_runners]
+    assert runners and all(r.fast is not None for r in runners)
+    assert all(".launch(" not in r.fast_source for r in runners), "a line went through launch()"
+    assert any(len(launcher.keep) < launcher.n_args for launcher in bound_entries), "no constant left out"
+    assert bound_entries and all(launcher.entries == 2 for launcher in bound_entries)
+
+
+def test_runtime_tail_refuses_a_leading_constant():
+    """A binary that made one of the tensors' positions a constant (a None argument) keeps the
+    launcher's own ``launch``, which filters per call."""
+    class Fake:
+        runtime_tail = launch.StaticLauncher.runtime_tail
+        keep, extra = (0, 2, 3), ()
+
+    assert Fake().runtime_tail(2, (5, 6)) is None
+    assert Fake().runtime_tail(1, (1, 5, 6)) == (5, 6)  # the tail's first, a constant, left out
+    Fake.keep = (0, 1, 3)
+    assert Fake().runtime_tail(2, (1, 6)) == (6,)
+    assert Fake().runtime_tail(2, (1,)) is None  # the binary takes an argument the launch lacks
 
 
 def test_recorded_view_chains_are_aliases_in_the_specialized_runner(bound, built_runners, monkeypatch):

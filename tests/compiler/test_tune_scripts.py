@@ -49,11 +49,20 @@ def test_their_tilings_compile_and_match_eager(name, args):
 def test_host_time_stub_zeroes_the_indices_it_leaves_unwritten():
     """``compiler_host_cpu.py`` stubs every launch: an index tensor a kernel would have computed
     keeps whatever its allocation held, and an ATen op reading it stops (T5's position buckets,
-    "index out of range"). The stub zeroes integer arguments and leaves floating-point ones alone."""
-    stub = _script("compiler_host_cpu").NoLaunch()
-    idx, values = torch.full((3,), 99, dtype=torch.int64), torch.full((3,), 2.5)
-    stub.launch((1, 1, 1), 0, (idx, values, 7))
-    assert idx.tolist() == [0, 0, 0] and values.tolist() == [2.5, 2.5, 2.5]
+    "index out of range"). The stub zeroes integer arguments and leaves floating-point ones alone,
+    launched either way torch's launcher is (its ``launch``, or its entry with the runtime tail)."""
+    stub = _script("compiler_host_cpu").NoLaunch
+    for through_entry in (False, True):
+        idx, values = torch.full((3,), 99, dtype=torch.int64), torch.full((3,), 2.5)
+        launcher = stub((idx, values, 7, 1))
+        assert launcher.keep == (0, 1, 2)  # the 1 a constant of the binary, as Triton makes it
+        if through_entry:
+            tail = launcher.runtime_tail(2, (7, 1))
+            assert tail == (7, None)  # the constant left out, the scratch placeholder added
+            launcher.entry(0, 1, 1, 1, 4, 0, "", (idx, values, *tail), 0)
+        else:
+            launcher.launch((1, 1, 1), 0, (idx, values, 7, 1))
+        assert idx.tolist() == [0, 0, 0] and values.tolist() == [2.5, 2.5, 2.5]
 
 
 def test_bn_backward_parts_smoke_compares_every_setting_with_eager(tmp_path):
