@@ -70,6 +70,9 @@ def _programs():
         (lambda a: torch.softmax(a.to(torch.bfloat16), -1), (x,)),
         (lambda a, b: ((a * b).sum(0) * 2, a.exp().mean(0)), (torch.randn(300, 40), torch.randn(40))),
         (lambda a: (a.sigmoid() * 3).sum(0).half(), (torch.randn(7, 3, 33),)),
+        # column variances (Welford lanes, Chan's merges, row splits), float32 and float64
+        (lambda a: (torch.var(a, 0) * 2, a.sum(0)), (torch.randn(300, 40),)),
+        (lambda a: torch.var(a.double(), (0, 1), correction=0), (torch.randn(5, 60, 9),)),
         # gathers: indices computed in the kernel (bilinear), loaded with trailing dims (a clamped arange)
         (lambda a: F.interpolate(a, scale_factor=2, mode="bilinear"), (torch.randn(2, 3, 5, 6),)),
         (lambda a: a[:, torch.arange(-1, 4).clamp(0, 2)] + 1, (torch.randn(2, 3, 5, 6),)),
