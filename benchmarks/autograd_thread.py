@@ -41,44 +41,35 @@ def main() -> int:
     from kernelab.zoo import ZOO
 
     name, mode = sys.argv[1], sys.argv[2]
+    if name not in ZOO:
+        print(f"autograd_thread.py: unknown model {name!r} (the zoo has {', '.join(sorted(ZOO))})", file=sys.stderr)
+        return 2
     zm = ZOO[name]
     model, inputs = zm.build("bench", device="cuda", dtype=zm.dtype)
     target = torch.compile(lambda inp: zm.loss(model, inp), backend=mode)
-    step = zp._stepper(zm, model, target, inputs, "train", True)
+    step = zp.stepper(zm, model, target, inputs, "train", True)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
     print(f"{name} {mode}: threads {[(t.name, t.daemon) for t in threading.enumerate()]}, "
           f"switch interval {sys.getswitchinterval()} s", flush=True)
-    cls, attr = zp._graph_call_class(mode)
-    original, spent = getattr(cls, attr), {}
-
-    def timed(self, *args, **kwargs):
-        who = "calling" if threading.current_thread() is threading.main_thread() else "autograd's"
-        t0 = time.perf_counter()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            spent[who] = spent.get(who, 0.0) + time.perf_counter() - t0
-
-    setattr(cls, attr, timed)
-    for interval in (0.005, 100.0, 0.005, 100.0):
-        sys.setswitchinterval(interval)
-        for multithreaded in (True, False):
-            with torch.autograd.set_multithreading_enabled(multithreaded):
-                step()
-                torch.cuda.synchronize()
-                spent.clear()
-                walls = []
-                for _ in range(10):
-                    t0 = time.perf_counter()
+    with zp.graph_calls_by_thread(mode) as spent:
+        for interval in (0.005, 100.0, 0.005, 100.0):
+            sys.setswitchinterval(interval)
+            for multithreaded in (True, False):
+                with torch.autograd.set_multithreading_enabled(multithreaded):
                     step()
                     torch.cuda.synchronize()
-                    walls.append(time.perf_counter() - t0)
-            calls = ", ".join(f"{who} thread {1e3 * s / 10:.2f} ms" for who, s in sorted(spent.items()))
-            print(f"{name} {mode} switch interval {interval:g} s, autograd multithreading {multithreaded}: "
-                  f"step {1e3 * statistics.median(walls):.2f} ms; graph calls a step: {calls}", flush=True)
-    setattr(cls, attr, original)
+                    spent.clear()
+                    walls = []
+                    for _ in range(10):
+                        t0 = time.perf_counter()
+                        step()
+                        torch.cuda.synchronize()
+                        walls.append(time.perf_counter() - t0)
+                calls = ", ".join(f"{who} thread {1e3 * r[1] / 10:.2f} ms" for who, r in sorted(spent.items()))
+                print(f"{name} {mode} switch interval {interval:g} s, autograd multithreading {multithreaded}: "
+                      f"step {1e3 * statistics.median(walls):.2f} ms; graph calls a step: {calls}", flush=True)
     return 0
 
 

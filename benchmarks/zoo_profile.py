@@ -29,6 +29,7 @@ Needs a CUDA GPU (the device machine).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _stepper(zm, model, target, inputs, kind, loss_fn: bool):
+def stepper(zm, model, target, inputs, kind, loss_fn: bool):
     """One step as a call: train (grads set to None, loss, backward) or infer (no_grad forward).
     ``loss_fn``: ``target`` is the compiled loss function (what models.py compiles: the model's
     other outputs, such as logits, are not returned), else the compiled model."""
@@ -159,26 +160,21 @@ def _graph_call_class(mode: str):
     return CompiledFxGraph, "__call__"
 
 
-def _runner_thread_lines(step, mode: str, top: int, steps: int = 10) -> list[str]:
-    """Compiled graphs' calls timed (and then cProfiled) on the thread that runs them."""
-    import cProfile
-    import contextlib
-    import io
-    import pstats
+@contextlib.contextmanager
+def graph_calls_by_thread(mode: str, profiler_for=None):
+    """Within: every call of a compiled graph (``_graph_call_class``) timed on the thread that runs
+    it; yields ``{"main" | "other": [calls, wall s, thread cpu s]}``. ``profiler_for(thread)``
+    (optional) returns a ``cProfile.Profile`` to enable around the call on that thread, or None."""
     import threading
     import time
 
     cls, name = _graph_call_class(mode)
-    original = getattr(cls, name)
-    record: dict = {}  # thread name -> [calls, wall s, thread cpu s]
-    profiles: dict = {}  # thread name -> cProfile.Profile (None: timing only)
-    profiling = [False]
+    original, record = getattr(cls, name), {}
 
     def timed(self, *args, **kwargs):
         who = "main" if threading.current_thread() is threading.main_thread() else "other"
-        prof = None
-        if profiling[0]:
-            prof = profiles.setdefault(who, cProfile.Profile())
+        prof = profiler_for(who) if profiler_for is not None else None
+        if prof is not None:
             prof.enable()
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
@@ -188,13 +184,29 @@ def _runner_thread_lines(step, mode: str, top: int, steps: int = 10) -> list[str
             if prof is not None:
                 prof.disable()
             r = record.setdefault(who, [0, 0.0, 0.0])
-            r[0] += 1
-            r[1] += t1 - t0
-            r[2] += c1 - c0
+            r[0], r[1], r[2] = r[0] + 1, r[1] + t1 - t0, r[2] + c1 - c0
 
-    lines = []
     setattr(cls, name, timed)
     try:
+        yield record
+    finally:
+        setattr(cls, name, original)
+
+
+def _runner_thread_lines(step, mode: str, top: int, steps: int = 10) -> list[str]:
+    """Compiled graphs' calls timed (and then cProfiled) on the thread that runs them."""
+    import cProfile
+    import io
+    import pstats
+
+    profiles: dict = {}  # thread ("main" | "other") -> cProfile.Profile, once profiling is on
+    profiling = [False]
+
+    def profiler_for(who):
+        return profiles.setdefault(who, cProfile.Profile()) if profiling[0] else None
+
+    lines = []
+    with graph_calls_by_thread(mode, profiler_for) as record:
         for multithreaded in (True, False):
             with torch.autograd.set_multithreading_enabled(multithreaded):
                 step()
@@ -213,8 +225,6 @@ def _runner_thread_lines(step, mode: str, top: int, steps: int = 10) -> list[str
                 step()
             torch.cuda.synchronize()
             profiling[0] = False
-    finally:
-        setattr(cls, name, original)
     for who, prof in sorted(profiles.items()):
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
@@ -339,7 +349,7 @@ def profile_one(name: str, kind: str, mode: str, top: int, memory: bool = False,
     target = fn if mode == "eager" else torch.compile(
         fn, backend="kernelab" if mode.startswith("kernelab") else "inductor",
         **({"mode": "reduce-overhead"} if mode.endswith("-cg") else {}))  # -cg: CUDA graphs
-    step = _stepper(zm, model, target, inputs, kind, loss_fn)
+    step = stepper(zm, model, target, inputs, kind, loss_fn)
     for _ in range(2):
         step()
     step.forward_ms.clear()
