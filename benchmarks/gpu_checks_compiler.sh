@@ -26,6 +26,8 @@
 # Stop 39, call 5 (CALL=5): the batch-norm, conv-layout, fast-runner, CUDA-graph and reuse GPU tests
 # under stop 38's default, then T5's training step with --runner-threads (each compiled graph's call
 # timed and cProfiled on the thread that runs it: what autograd's thread costs kernelab's runners).
+# Stop 40, call 6 (CALL=6): benchmarks/autograd_thread.py on T5 (kernelab, inductor), then ResNet-50's
+# step (Inductor vs kernelab) and its kernels: what the Welford column statistics cost on the GPU.
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -56,6 +58,19 @@ if [ "${CALL:-2}" = 5 ]; then  # stop 39: the GPU files stop 38 left unrun under
         --loss-fn --runner-threads --top 30 > "$OUT/zoo_profile_t5_runner_threads.log" 2>&1
     echo "zoo_profile t5 --runner-threads rc=$? (${SECONDS}s)"
     grep "^==\|graph calls\|failed" "$OUT/zoo_profile_t5_runner_threads.log" | cut -c1-260
+    exit 0
+fi
+if [ "${CALL:-2}" = 6 ]; then  # stop 40: the GIL experiment on T5, then ResNet-50 under the Welford statistics
+    for mode in kernelab inductor; do
+        timeout "$(left 150)" python3 benchmarks/autograd_thread.py t5 "$mode" > "$OUT/autograd_thread_t5_$mode.txt" 2>&1
+        echo "autograd_thread t5 $mode rc=$? (${SECONDS}s)"; tail -14 "$OUT/autograd_thread_t5_$mode.txt" | cut -c1-200
+    done
+    timeout "$(left 150)" python3 benchmarks/host_events.py "$OUT/he_resnet" resnet:train --loss-fn --no-events \
+        --modes inductor,kernelab --rounds 3 > "$OUT/host_events_resnet.log" 2>&1
+    echo "host_events resnet rc=$? (${SECONDS}s)"; grep "==\|failed" "$OUT/host_events_resnet.log" | cut -c1-230
+    timeout "$(left 100)" python3 benchmarks/zoo_profile.py "$OUT/zp_resnet" resnet:train --modes kernelab \
+        --top 30 --loss-fn > "$OUT/zoo_profile_resnet.log" 2>&1
+    echo "zoo_profile resnet rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_resnet.log" | cut -c1-230
     exit 0
 fi
 if [ "${CALL:-2}" = 3 ]; then
