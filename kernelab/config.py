@@ -19,7 +19,7 @@ before the call that reads it. Triton's own ``TRITON_INTERPRET`` is Triton's: se
 | KERNELAB_GEMM_TUNE | 0 | 1: ``kernelab.ops`` matmuls tune each new shape on its first call |
 | KERNELAB_BN_BACKWARD | auto | compiler: ``generated`` decomposes training batch norm's backward into generated row (NCHW), column and pointwise kernels; ``aten`` keeps ATen's op whole; ``auto``: generated except in graphs on CPU tensors (ResNet-50's training step on an H100, interleaved: 24.19 ms generated, 25.01 ms with ATen's backward, Inductor 24.06; 578 kernels against 678, peak 5.42 GiB against 6.18) |
 | KERNELAB_BN_FORWARD | auto | compiler: ``generated`` makes training batch norm's forward, in the partitioned forward graph, a column kernel for the statistics on channels-last activations (a row and a column kernel on NCHW ones) and the transform's pointwise kernel (its backward: KERNELAB_BN_BACKWARD); ``aten`` keeps ATen's op whole; ``auto``: generated except in graphs on CPU tensors (ResNet-50's training step on an H200: 31.4 ms generated, 36.3 ms ATen's; on the CPU ATen's norm accumulates in float64, which a tiny RegNet's gradients need to stay within 1e-4 of eager's) |
-| KERNELAB_CONV_LAYOUT | channels_last | compiler: ``traced`` keeps the layouts the program makes instead of asking each batched 2-D convolution's input for channels-last (``compiler/conv_layout.py``) |
+| KERNELAB_CONV_LAYOUT | auto | compiler: ``channels_last`` asks each batched 2-D convolution's input for channels-last (``compiler/conv_layout.py``); ``traced`` keeps the layouts the program makes; ``auto``: channels-last except in graphs on CPU tensors (PyTorch's CPU batch norm on channels-last activations is less exact than on NCHW: a tiny MNASNet's gradients 1.8e-2 from float64's against eager NCHW's 6e-5) |
 | KERNELAB_CACHE | ~/.cache/kernelab | where measured and generated files are kept |
 """
 from __future__ import annotations
@@ -94,12 +94,17 @@ def batch_norm_forward(on_cpu: bool = False) -> str:
     return value
 
 
-def conv_layout() -> str:
-    """KERNELAB_CONV_LAYOUT: "channels_last" (the default: every batched 2-D convolution's input
-    asked for channels-last before tracing, ``compiler/conv_layout.py``) or "traced" (the layouts
-    as the program makes them)."""
-    return _choice("KERNELAB_CONV_LAYOUT", _flag("KERNELAB_CONV_LAYOUT", "channels_last"), "channels_last",
-                              ("channels_last", "traced"))
+def conv_layout(on_cpu: bool = False) -> str:
+    """KERNELAB_CONV_LAYOUT: "channels_last" (every batched 2-D convolution's input asked for
+    channels-last before tracing, ``compiler/conv_layout.py``), "traced" (the layouts as the
+    program makes them) or "auto" (the default): "traced" for a graph on CPU tensors (``on_cpu``:
+    cuDNN's NHWC kernels are the layout's reason, and ATen's CPU batch norm loses digits on
+    channels-last activations), else "channels_last"."""
+    value = _choice("KERNELAB_CONV_LAYOUT", _flag("KERNELAB_CONV_LAYOUT", "auto"), "auto",
+                    ("auto", "channels_last", "traced"))
+    if value == "auto":
+        return "traced" if on_cpu else "channels_last"
+    return value
 
 
 def static_launch() -> bool:

@@ -48,6 +48,9 @@ def test_every_setting_read_is_in_the_table():
     ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "", "generated"),
     ("KERNELAB_CONV_LAYOUT", config.conv_layout, "traced", "traced"),
     ("KERNELAB_CONV_LAYOUT", config.conv_layout, "", "channels_last"),
+    ("KERNELAB_CONV_LAYOUT", config.conv_layout, "channels_last", "channels_last"),
+    ("KERNELAB_CONV_LAYOUT", lambda: config.conv_layout(on_cpu=True), "", "traced"),
+    ("KERNELAB_CONV_LAYOUT", lambda: config.conv_layout(on_cpu=True), "channels_last", "channels_last"),
 ])
 def test_read_at_call_time(monkeypatch, name, fn, value, want):
     monkeypatch.delenv(name, raising=False)
@@ -73,7 +76,7 @@ def test_persistent_max_and_cache_root(monkeypatch, tmp_path):
 @pytest.mark.parametrize("name, fn, choices", [
     ("KERNELAB_BN_FORWARD", config.batch_norm_forward, "'auto' or 'aten' or 'generated'"),
     ("KERNELAB_BN_BACKWARD", config.batch_norm_backward, "'auto' or 'aten' or 'generated'"),
-    ("KERNELAB_CONV_LAYOUT", config.conv_layout, "'channels_last' or 'traced'")])
+    ("KERNELAB_CONV_LAYOUT", config.conv_layout, "'auto' or 'channels_last' or 'traced'")])
 def test_choice_settings_refuse_other_values(monkeypatch, name, fn, choices):
     monkeypatch.setenv(name, "cudnn")
     with pytest.raises(ValueError, match=f"{name} must be {choices}, not 'cudnn'"):

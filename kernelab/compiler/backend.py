@@ -123,8 +123,10 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
     opts = parse(mode, options)  # a mode or option we lack raises here
     config.batch_norm_forward()  # so does a bad KERNELAB_BN_FORWARD, not as every graph's fallback
     config.batch_norm_backward()
+    # (a plan recorded for kernelab.count runs on CPU tensors that stand for the GPU's)
+    on_cpu = _any_cpu(example_inputs) and ACTIVE_PLAN[0] is None
     # NHWC activations for cuDNN and the norms' reductions (undone below where the graph needs NCHW)
-    layout_requests = conv_layout.channels_last_convolutions(gm) if config.conv_layout() == "channels_last" else []
+    layout_requests = conv_layout.channels_last_convolutions(gm) if config.conv_layout(on_cpu) == "channels_last" else []
     pairing = cudagraphs.Pairing()
     direct = []  # the inference graph's own call, where aot_autograd's runtime wrapper has no work
     autocast = torch._C._is_any_autocast_enabled()  # aot_autograd turns it off around the compilers
@@ -157,8 +159,7 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
             return call
         return torch._disable_dynamo(compile_fn)  # a backward compiled inside a traced frame
 
-    # (a plan recorded for kernelab.count runs on CPU tensors that stand for the GPU's)
-    table = decompositions(_any_cpu(example_inputs) and ACTIVE_PLAN[0] is None)
+    table = decompositions(on_cpu)
 
     def traced():
         return aot_module_simplified(

@@ -1,4 +1,6 @@
-"""Convolutions in channels-last layout (``KERNELAB_CONV_LAYOUT``).
+"""Convolutions in channels-last layout (``KERNELAB_CONV_LAYOUT``; its default, ``auto``, asks for
+it in graphs on GPU tensors and in plans recorded for the GPU, not in graphs run on the CPU: ATen's
+CPU batch norm on channels-last activations is less exact than on NCHW, and cuDNN is the reason).
 
 cuDNN's fast convolution kernels on Hopper read and write NHWC. Fed NCHW (PyTorch's default), each
 convolution converts its input to NHWC and its output back (cuDNN's ``nchwToNhwcKernel`` /
