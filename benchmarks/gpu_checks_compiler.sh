@@ -28,6 +28,9 @@
 # timed and cProfiled on the thread that runs it: what autograd's thread costs kernelab's runners).
 # Stop 40, call 6 (CALL=6): benchmarks/autograd_thread.py on T5 (kernelab, inductor), then ResNet-50's
 # step (Inductor vs kernelab) and its kernels: what the Welford column statistics cost on the GPU.
+# Call 7 (CALL=7, queued, not run): the zoo's inference misses of stop 40's models.py run, located: ConvNeXt-T's
+# inference step (0.45x Inductor, slower than eager) kernel by kernel with cProfile, GPT-2's inference
+# peak (1.92 GiB against Inductor's 1.16: one (tokens, vocabulary) buffer more) allocation by allocation.
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -58,6 +61,15 @@ if [ "${CALL:-2}" = 5 ]; then  # stop 39: the GPU files stop 38 left unrun under
         --loss-fn --runner-threads --top 30 > "$OUT/zoo_profile_t5_runner_threads.log" 2>&1
     echo "zoo_profile t5 --runner-threads rc=$? (${SECONDS}s)"
     grep "^==\|graph calls\|failed" "$OUT/zoo_profile_t5_runner_threads.log" | cut -c1-260
+    exit 0
+fi
+if [ "${CALL:-2}" = 7 ]; then  # queued by stop 40: the zoo's two inference misses, located
+    timeout "$(left 200)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext" convnext:infer --modes inductor,kernelab \
+        --top 30 --cprofile > "$OUT/zoo_profile_convnext_infer.log" 2>&1
+    echo "zoo_profile convnext:infer rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_convnext_infer.log" | cut -c1-230
+    timeout "$(left 200)" python3 benchmarks/zoo_profile.py "$OUT/zp_gpt2" gpt2:infer --modes inductor,kernelab \
+        --top 20 --memory > "$OUT/zoo_profile_gpt2_infer_memory.log" 2>&1
+    echo "zoo_profile gpt2:infer --memory rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_gpt2_infer_memory.log" | cut -c1-230
     exit 0
 fi
 if [ "${CALL:-2}" = 6 ]; then  # stop 40: the GIL experiment on T5, then ResNet-50 under the Welford statistics
