@@ -677,7 +677,9 @@ def _statistics_in_columns(gm, var_node, perm: list) -> int:
         matrix = _permuted(b, x, perm, _recomputed_for_columns(gm), {})
         lead = list(range(len(perm) - 1))
         new_var = b.op(aten.var.correction, matrix, lead, correction=correction)
-        new_sums = [b.op(aten.sum.dim_IntList, matrix, lead) for _ in sums[:1]] * len(sums)
+        # every sum beside the variance is the same per-channel sum: one node stands for them all
+        new_sum = b.op(aten.sum.dim_IntList, matrix, lead) if sums else None
+        new_sums = [new_sum] * len(sums)
         if any(fusion.value(n).shape != val.shape for n in [new_var, *new_sums]):
             raise ValueError("the statistics' shape differs")
     except Exception:  # noqa: BLE001 - a value the ops do not take: left as it was
