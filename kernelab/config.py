@@ -72,26 +72,27 @@ def _choice(name: str, value: str, default: str, choices: tuple = ("aten", "gene
     return value
 
 
+def _by_device(name: str, on_cpu: bool, cpu: str, gpu: str) -> str:
+    """A setting whose default, "auto", depends on where the graph runs: ``cpu`` for a graph on
+    CPU tensors (``on_cpu``), else ``gpu``; an explicit value is taken as set."""
+    value = _choice(name, _flag(name, "auto"), "auto", ("auto", *sorted({cpu, gpu})))
+    if value == "auto":
+        return cpu if on_cpu else gpu
+    return value
+
+
 def batch_norm_backward(on_cpu: bool = False) -> str:
     """KERNELAB_BN_BACKWARD: "generated" (training batch norm's backward decomposed into generated
     kernels), "aten" (the backward op kept whole), or "auto" (the default): "aten" for a graph on
     CPU tensors (``on_cpu``: ATen's CPU norm accumulates in float64), else "generated"."""
-    value = _choice("KERNELAB_BN_BACKWARD", _flag("KERNELAB_BN_BACKWARD", "auto"), "auto",
-                    ("auto", "aten", "generated"))
-    if value == "auto":
-        return "aten" if on_cpu else "generated"
-    return value
+    return _by_device("KERNELAB_BN_BACKWARD", on_cpu, cpu="aten", gpu="generated")
 
 
 def batch_norm_forward(on_cpu: bool = False) -> str:
     """KERNELAB_BN_FORWARD: "generated" (training batch norm's forward decomposed into generated
     kernels), "aten" (kept whole, ATen's kernels updating the running statistics), or "auto" (the
     default): "aten" for a graph on CPU tensors (``on_cpu``), else "generated"."""
-    value = _choice("KERNELAB_BN_FORWARD", _flag("KERNELAB_BN_FORWARD", "auto"), "auto",
-                               ("auto", "aten", "generated"))
-    if value == "auto":
-        return "aten" if on_cpu else "generated"
-    return value
+    return _by_device("KERNELAB_BN_FORWARD", on_cpu, cpu="aten", gpu="generated")
 
 
 def conv_layout(on_cpu: bool = False) -> str:
@@ -100,11 +101,7 @@ def conv_layout(on_cpu: bool = False) -> str:
     program makes them) or "auto" (the default): "traced" for a graph on CPU tensors (``on_cpu``:
     cuDNN's NHWC kernels are the layout's reason, and ATen's CPU batch norm loses digits on
     channels-last activations), else "channels_last"."""
-    value = _choice("KERNELAB_CONV_LAYOUT", _flag("KERNELAB_CONV_LAYOUT", "auto"), "auto",
-                    ("auto", "channels_last", "traced"))
-    if value == "auto":
-        return "traced" if on_cpu else "channels_last"
-    return value
+    return _by_device("KERNELAB_CONV_LAYOUT", on_cpu, cpu="traced", gpu="channels_last")
 
 
 def static_launch() -> bool:

@@ -25,7 +25,7 @@ def test_no_other_module_reads_a_kernelab_setting():
 def test_every_setting_read_is_in_the_table():
     source = Path(config.__file__).read_text()
     doc = config.__doc__
-    read = set(re.findall(r'_flag\("(KERNELAB_[A-Z_]+)"', source))
+    read = set(re.findall(r'(?:_flag|_by_device)\("(KERNELAB_[A-Z_]+)"', source))
     listed = set(re.findall(r"^\| (KERNELAB_[A-Z_]+) \|", doc, re.M))
     assert read and read == listed
 
