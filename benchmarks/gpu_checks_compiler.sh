@@ -30,7 +30,8 @@
 # step (Inductor vs kernelab) and its kernels: what the Welford column statistics cost on the GPU.
 # Call 7 (CALL=7, queued, not run): the zoo's inference misses of stop 40's models.py run, located: ConvNeXt-T's
 # inference step (0.45x Inductor, slower than eager) kernel by kernel with cProfile, GPT-2's inference
-# peak (1.92 GiB against Inductor's 1.16: one (tokens, vocabulary) buffer more) allocation by allocation.
+# peak (1.92 GiB against Inductor's 1.16: one (tokens, vocabulary) buffer more) allocation by allocation,
+# then ConvNeXt's inference under KERNELAB_CONV_LAYOUT=traced (is the channels-last choice the loss?).
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -70,6 +71,10 @@ if [ "${CALL:-2}" = 7 ]; then  # queued by stop 40: the zoo's two inference miss
     timeout "$(left 200)" python3 benchmarks/zoo_profile.py "$OUT/zp_gpt2" gpt2:infer --modes inductor,kernelab \
         --top 20 --memory > "$OUT/zoo_profile_gpt2_infer_memory.log" 2>&1
     echo "zoo_profile gpt2:infer --memory rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_gpt2_infer_memory.log" | cut -c1-230
+    KERNELAB_CONV_LAYOUT=traced timeout "$(left 150)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext_traced" \
+        convnext:infer --modes kernelab --top 30 > "$OUT/zoo_profile_convnext_infer_traced.log" 2>&1
+    echo "zoo_profile convnext:infer traced layout rc=$? (${SECONDS}s)"
+    grep "^==" "$OUT/zoo_profile_convnext_infer_traced.log" | cut -c1-230
     exit 0
 fi
 if [ "${CALL:-2}" = 6 ]; then  # stop 40: the GIL experiment on T5, then ResNet-50 under the Welford statistics

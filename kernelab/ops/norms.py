@@ -151,12 +151,13 @@ def _norm_fwd_kernel(
     stride_x, stride_y,
     M, N,
     eps,
-    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, STATS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Blocks of BLOCK_M whole rows held in registers (one block per program as launched): x read
     once, y written once. TAIL > 0: a row is its first BLOCK_N columns and a masked tail of TAIL
-    after them (``_common.row_tile``); sums add the two parts."""
+    after them (``_common.row_tile``); sums add the two parts. STATS: store each row's mean and
+    rstd for the backward (off, with None pointers, in forwards nobody differentiates)."""
     for blk in tl.range(tl.program_id(0).to(tl.int64), tl.cdiv(M, BLOCK_M), tl.num_programs(0), num_stages=STAGES):
         rows, cols = row_offsets(blk, BLOCK_M, BLOCK_N)
         row_ok, col_ok = rows < M, cols < N
@@ -192,9 +193,10 @@ def _norm_fwd_kernel(
         if TAIL > 0:
             y_t = _affine(xc_t * rstd[:, None], w_ptr, b_ptr, cols_t[None, :], cols_t[None, :] < N, HAS_W, HAS_B)
             tl.store(y_ptr + rows[:, None] * stride_y + cols_t[None, :], y_t.to(y_ptr.dtype.element_ty), mask=mask_t)
-        if not RMS:
-            tl.store(mean_ptr + rows, mean, mask=row_ok)
-        tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+        if STATS:
+            if not RMS:
+                tl.store(mean_ptr + rows, mean, mask=row_ok)
+            tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
 @triton.jit
@@ -203,10 +205,11 @@ def _norm_fwd_looped_kernel(
     stride_x, stride_y,
     M, N,
     eps,
-    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, STATS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Rows of any length, one row per program, two passes over BLOCK_N-element chunks.
+    """Rows of any length, one row per program, two passes over BLOCK_N-element chunks (STATS:
+    as in ``_norm_fwd_kernel``).
 
     Pass 1 reads x (kept in L2: evict-last) into per-lane statistics, with no reduction across
     lanes inside the loop: lane j sees x[j], x[j + BLOCK_N], ... and keeps a running mean and M2
@@ -245,9 +248,10 @@ def _norm_fwd_looped_kernel(
         spread = lane_mean - mean
         m2 = tl.sum(lane_m2 + lane_n * spread * spread, axis=0)
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
-    if not RMS:
-        tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
+    if STATS:
+        if not RMS:
+            tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
     # pass 2: re-read x newest chunk first (L2 hits), normalize, write y
     for c in range(0, n_chunks):
         idx = (n_chunks - 1 - c) * BLOCK_N + cols
@@ -525,7 +529,7 @@ def _norm_fwd_team_kernel(
     stride_x, stride_y,
     M, N,
     eps,
-    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, STATS: tl.constexpr,
     CHUNK: tl.constexpr, TEAM: tl.constexpr, TEAM_P2: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Long rows split across a team of programs (``teams.py``): each member reduces its CHUNK
@@ -562,7 +566,7 @@ def _norm_fwd_team_kernel(
             d = a_all - mean
             m2 = tl.sum(b_all + n_i * d * d, axis=0)
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
-        if rank == 0:
+        if STATS and rank == 0:
             if not RMS:
                 tl.store(mean_ptr + row, mean)
             tl.store(rstd_ptr + row, rstd)
@@ -592,44 +596,49 @@ def _fwd_tile(m: int, n: int, rms: bool, config: NormConfig) -> tuple[_common.Ro
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_launch(m: int, n: int, rms: bool, has_w: bool, has_b: bool, config: Optional[NormConfig]) -> tuple:
+def _fwd_launch(m: int, n: int, rms: bool, has_w: bool, has_b: bool, stats: bool,
+                config: Optional[NormConfig]) -> tuple:
     """(grid, prepared launch) of the one-pass forward; ``config`` None for DEFAULT (cached per call
     shape: a frozen dataclass hashes every field, DEFAULT's calls skip that)."""
     t, maxnreg = _fwd_tile(m, n, rms, config or DEFAULT)
-    launch = _common.prepared(_norm_fwd_kernel, RMS=rms, HAS_W=has_w, HAS_B=has_b, BLOCK_M=t.block_m,
+    launch = _common.prepared(_norm_fwd_kernel, RMS=rms, HAS_W=has_w, HAS_B=has_b, STATS=stats, BLOCK_M=t.block_m,
                               BLOCK_N=t.block_n, TAIL=t.tail, STAGES=_common.ONE_PASS_STAGES, num_warps=t.warps,
                               maxnreg=maxnreg)
     return (_common.cdiv(m, t.block_m),), launch
 
 
-def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, config: NormConfig = DEFAULT):
-    """(y, mean, rstd): y of x's shape and dtype; mean and rstd float32 per row (mean empty for rms).
-    y is contiguous: the kernel writes it as [M, N] rows of stride N (no view made)."""
+def _norm_forward(x: torch.Tensor, n: int, weight, bias, eps: float, rms: bool, config: NormConfig = DEFAULT,
+                  stats: bool = True):
+    """(y, mean, rstd): y of x's shape and dtype; mean and rstd float32 per row (mean empty for rms),
+    or None and None without ``stats`` (a forward nobody differentiates: two allocations and the
+    stores of 8 bytes a row saved). y is contiguous: the kernel writes it as [M, N] rows of stride
+    N (no view made)."""
     y = _common.empty(x.shape, x.dtype, x.device)
     m = x.numel() // n if n else 0
-    mean = _common.empty((0 if rms else m,), torch.float32, x.device)
-    rstd = _common.empty((m,), torch.float32, x.device)
+    mean = _common.empty((0 if rms else m,), torch.float32, x.device) if stats else None
+    rstd = _common.empty((m,), torch.float32, x.device) if stats else None
     if m == 0 or n == 0:
         return y, mean, rstd
     x2, stride_x = _common.row_view(x, n)
     w, b = weight, bias
     one_pass_max = config.fwd_one_pass_max or FWD_ONE_PASS_MAX
     if n <= one_pass_max:
-        grid, launch = _fwd_launch(m, n, rms, w is not None, b is not None, None if config is DEFAULT else config)
+        grid, launch = _fwd_launch(m, n, rms, w is not None, b is not None, stats,
+                                   None if config is DEFAULT else config)
         launch(grid, x2, w, b, y, mean, rstd, stride_x, n, m, n, eps)
         return y, mean, rstd
     if config.fwd_teams and (p := teams.plan(m, n, x.device, FWD_TEAM_CHUNK, teams.FWD_WARPS, FWD_TEAM_PER_SM,
                                              longer_than=one_pass_max)) is not None:
         _common.launch(_norm_fwd_team_kernel, p.grid)(
             x2, w, b, y, mean, rstd, *teams.buffers(x.device, p), stride_x, n, m, n, eps,
-            RMS=rms, HAS_W=w is not None, HAS_B=b is not None,
+            RMS=rms, HAS_W=w is not None, HAS_B=b is not None, STATS=stats,
             CHUNK=p.chunk, TEAM=p.team, TEAM_P2=p.team_p2, PREFETCH=FWD_TEAM_PREFETCH,
             num_warps=p.warps, maxnreg=p.maxnreg,
         )
     else:
         _common.launch(_norm_fwd_looped_kernel, (m,))(
             x2, w, b, y, mean, rstd, stride_x, n, m, n, eps,
-            RMS=rms, HAS_W=w is not None, HAS_B=b is not None, BLOCK_N=config.fwd_loop_chunk,
+            RMS=rms, HAS_W=w is not None, HAS_B=b is not None, STATS=stats, BLOCK_N=config.fwd_loop_chunk,
             num_warps=config.fwd_loop_warps,
             **({} if config.fwd_loop_stages is None else {"num_stages": config.fwd_loop_stages}),
         )
@@ -974,7 +983,7 @@ def _run(input, n, weight, bias, eps, rms, config: Optional[NormConfig] = None):
     if config is None and _common.traced(input, weight, bias):
         return _norm_op(*args)[0]
     if not (torch.is_grad_enabled() and _common.any_requires_grad(input, weight, bias)):
-        return _norm_forward(*args, config or DEFAULT)[0]  # nothing to differentiate: no autograd node
+        return _norm_forward(*args, config or DEFAULT, stats=False)[0]  # nothing to differentiate: no autograd node
     return _Norm.apply(*args, config or DEFAULT)
 
 

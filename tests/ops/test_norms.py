@@ -83,6 +83,28 @@ def test_special_values(rms, n):
 
 
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("n", [199, 20000], ids=["one pass", "long rows"])
+def test_a_forward_nobody_differentiates_allocates_only_y(rms, n, monkeypatch):
+    """Without autograd (no_grad, or no input requiring grad) the kernels skip the row statistics
+    the backward would read: one allocation, y, and the same values (against float64)."""
+    from kernelab.ops import _common
+
+    shapes = []
+    empty = _common.empty
+    monkeypatch.setattr(_common, "empty", lambda shape, *a: shapes.append(tuple(shape)) or empty(shape, *a))
+    x = randn((3, n), torch.float32, scale=2.0, shift=1.0)
+    w, b = randn((n,), torch.float32, shift=1.0, seed=1), None if rms else randn((n,), torch.float32, seed=2)
+    xr, wr, br = ref_copy(x), ref_copy(w), ref_copy(b)
+    ref = F.rms_norm(xr, (n,), wr, 1e-5) if rms else F.layer_norm(xr, (n,), wr, br, 1e-5)
+    for inputs in ((x, w, b), tuple(t.detach() if t is not None else None for t in (x, w, b))):
+        with torch.no_grad() if inputs[0].requires_grad else torch.enable_grad():
+            shapes.clear()
+            y = K.rms_norm(inputs[0], (n,), inputs[1], 1e-5) if rms else K.layer_norm(inputs[0], (n,), *inputs[1:], 1e-5)
+        assert shapes == [(3, n)] and y.grad_fn is None
+        assert_close(y, ref, torch.float32, "forward without statistics")
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
 def test_empty(rms):
     x = torch.empty((0, 5), requires_grad=True)
     w = torch.randn(5, requires_grad=True)
