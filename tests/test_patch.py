@@ -73,8 +73,16 @@ def _qwen3():
     return _hf_lm(transformers.Qwen3ForCausalLM, cfg)
 
 
+def _phi3():
+    """Phi-3: gate and up as the two halves of one Linear (gate_up_proj), as in GLM-4."""
+    cfg = transformers.Phi3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, pad_token_id=0,
+                                  eos_token_id=1, bos_token_id=1)
+    return _hf_lm(transformers.Phi3ForCausalLM, cfg)
+
+
 BUILDERS = {name: _zoo(name) for name in ("gpt2", "llama", "bert", "t5", "mixtral")}
-BUILDERS.update(qwen2=_qwen2, qwen3=_qwen3, gemma=_gemma, t5_gated=_t5_gated)
+BUILDERS.update(qwen2=_qwen2, qwen3=_qwen3, gemma=_gemma, t5_gated=_t5_gated, phi3=_phi3)
 
 #: model -> (kind, op, how many swapped); ops of other kinds than those listed: none swapped.
 EXPECTED_SWAPS = {
@@ -87,6 +95,7 @@ EXPECTED_SWAPS = {
     "t5": {("norm", "rms_norm"): 12},
     "t5_gated": {("norm", "rms_norm"): 12, ("mlp", "gelu_mul(approximate='tanh')"): 4},
     "mixtral": {("norm", "rms_norm"): 5, ("loss", "cross_entropy"): 1},
+    "phi3": {("norm", "rms_norm"): 5, ("mlp", "silu_mul"): 2, ("loss", "cross_entropy"): 1},
 }
 #: model -> (kind, words of the reason) of candidates that must be left alone.
 EXPECTED_SKIPS = {
@@ -297,6 +306,21 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.drop(self.act(g) * u))
 
 
+class HalvesMLP(nn.Module):
+    """gate and up as the halves of one [H -> 2I] projection (Phi-3's and GLM-4's gate_up_proj)."""
+
+    def __init__(self, h, i, act=None, gate_first=True, bias=False, ratio=2):
+        super().__init__()
+        self.gate_up_proj, self.down_proj = nn.Linear(h, ratio * i, bias), nn.Linear(i, h, bias=False)
+        self.activation_fn = act or nn.SiLU()
+        self.gate_first = gate_first
+
+    def forward(self, x):
+        a, b = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate, up = (a, b) if self.gate_first else (b, a)
+        return self.down_proj(self.activation_fn(gate) * up)
+
+
 def _module_grads(module, x):
     """(output, input gradient, parameter gradients) of one forward and backward."""
     module.zero_grad(set_to_none=True)
@@ -381,7 +405,19 @@ def test_gated_mlp_roles_come_from_the_math_not_the_names():
     assert report.swapped[0].op == "silu_mul (gate=up_proj, up=gate_proj, down=down_proj)"
 
 
+@pytest.mark.parametrize("gate_first", [True, False], ids=["gate first", "up first"])
+@pytest.mark.parametrize("act, op", [(nn.SiLU(), "silu_mul"), (nn.GELU("tanh"), "gelu_mul(approximate='tanh')")])
+def test_gate_and_up_as_halves_of_one_linear_are_swapped_and_exact(act, op, gate_first):
+    module = _randomized(HalvesMLP(48, 80, act, gate_first, bias=True))
+    report = _check_module(module, _x(2, 7, 48))
+    half = "first" if gate_first else "second"
+    assert [s.op for s in report.swapped] == [f"{op} (gate_up=gate_up_proj, gate={half} half, down=down_proj)"]
+    dual = kernelab.patch(_randomized(HalvesMLP(48, 80)), fused_mlp=True).swapped[0].op
+    assert "gate and up are one nn.Linear already" in dual and dual.startswith("silu_mul")
+
+
 @pytest.mark.parametrize("module, words", [
+    (HalvesMLP(48, 80, ratio=3), "neither [H -> 2I] with an [I -> H]"),
     (GatedMLP(48, 80, nn.ReLU()), "gated relu: no fused kernel"),
     (GatedMLP(48, 80, dropout=0.1), "dropout drop (p=0.1)"),
     (GatedMLP(48, 80, formula="sum"), "forward is not down(act(gate(x)) * up(x))"),

@@ -11,8 +11,9 @@ swap is confirmed numerically first (details in each rule's module):
 
 * norms (``norms.py``): ``nn.LayerNorm``, ``nn.RMSNorm`` and look-alikes (HF's Llama/Qwen2/Mistral/T5
   RMSNorm, Gemma's ``1 + weight`` RMSNorm, custom LayerNorms) -> ``layer_norm`` / ``rms_norm``;
-* gated MLPs (``mlp.py``): three Linear children and a SiLU/GELU activation computing
-  ``down(act(gate(x)) * up(x))`` -> the product through ``silu_mul`` / ``gelu_mul``;
+* gated MLPs (``mlp.py``): three Linear children (or two, gate and up the halves of one: Phi-3's
+  and GLM-4's ``gate_up_proj``) and a SiLU/GELU activation computing ``down(act(gate(x)) * up(x))``
+  -> the product through ``silu_mul`` / ``gelu_mul``;
 * the loss (``loss.py``): HF's ``model.loss_function`` (causal LM or unshifted) -> ``cross_entropy``
   reading the logits in their dtype (no float32 copy);
 * opt-in, ``fused_linear=True`` (``linear_act.py``): a projection followed by its activation (BERT's

@@ -5,9 +5,11 @@ A candidate is a module with one activation child: a parameterless leaf whose ou
 grid matches SiLU, GELU (erf), GELU (tanh) or ReLU to 1e-5 (so ``nn.SiLU``, HF's ``SiLUActivation``,
 ``GELUActivation``, ``gelu_pytorch_tanh``, ``NewGELUActivation`` and any look-alike). It is swapped
 when it also has exactly three ``nn.Linear`` children, two of them [H -> I] and one [I -> H] (names do
-not matter: Llama's gate_proj/up_proj/down_proj, T5's wi_0/wi_1/wo, w1/w3/w2), no dropout that is
-on, and its forward on a probe x [2, 3, H] equals ``down(act(gate(x)) * up(x))`` for one of the two
-ways of naming the [H -> I] pair gate (relative L2 error within the weights' dtype tolerance). The
+not matter: Llama's gate_proj/up_proj/down_proj, T5's wi_0/wi_1/wo, w1/w3/w2), or two, one [H -> 2I]
+whose output's halves are gate and up and one [I -> H] (Phi-3's and GLM-4's gate_up_proj), no
+dropout that is on, and its forward on a probe x [2, 3, H] equals ``down(act(gate(x)) * up(x))``
+for one of the two ways of naming gate (the first Linear of the pair or the first half of the
+fused one, or the other; relative L2 error within the weights' dtype tolerance). The
 probe uses the module's own weights; when they cannot tell the formula apart (zero weights, gate
 equal to up) it is repeated with random weights of the same shapes. The new forward calls the
 children by name, so hooks and wrappers on them keep working; the activation is fused with the
@@ -18,6 +20,7 @@ instead of eager's 4 plus the activation's 2), and its backward is one kernel as
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -103,19 +106,62 @@ def candidate_activations(module, memo) -> list[tuple[str, str]]:
     return [(name, act) for name, child in module.named_children() if (act := activation_of(child, memo))]
 
 
-def _gated_linears(module) -> tuple[list[tuple[str, str]], str, str]:
-    """([(gate, up), (up, gate)], down, "") -- the two ways to name the [H -> I] pair gate, and
-    the [I -> H] projection -- or ([], "", why the module is not a gated MLP of Linears)."""
+class Halves(NamedTuple):
+    """gate and up as the two halves of one [H -> 2I] Linear's output (``gate_up(x).chunk(2, -1)``):
+    gate the first half where ``gate_first``, else the second."""
+
+    gate_up: str
+    gate_first: bool
+
+    def children(self) -> list[str]:
+        return [self.gate_up]
+
+    def label(self) -> str:
+        return f"gate_up={self.gate_up}, gate={'first' if self.gate_first else 'second'} half"
+
+
+class Pair(NamedTuple):
+    """gate and up as two [H -> I] Linears."""
+
+    gate: str
+    up: str
+
+    def children(self) -> list[str]:
+        return [self.gate, self.up]
+
+    def label(self) -> str:
+        return f"gate={self.gate}, up={self.up}"
+
+
+def _gate_and_up(module, order, x, call=None):
+    """(gate(x), up(x)) of ``order`` (a Pair or Halves), children called through ``call(name, x)``."""
+    call = call or (lambda name, v: getattr(module, name)(v))
+    if isinstance(order, Halves):
+        first, second = call(order.gate_up, x).chunk(2, dim=-1)
+        return (first, second) if order.gate_first else (second, first)
+    return call(order.gate, x), call(order.up, x)
+
+
+def _gated_linears(module) -> tuple[list, str, str]:
+    """(the two ways to name gate, as Pairs or Halves; the [I -> H] projection's name; "") or
+    ([], "", why the module is not a gated MLP of Linears)."""
     linears = _linears(module)
     if not linears:
         return [], "", f"projections are raw parameters ({', '.join(_raw_projections(module))}), not nn.Linear children"
+    if len(linears) == 2:
+        for down, d in linears.items():
+            (gate_up, f), = [(n, c) for n, c in linears.items() if n != down]
+            if (f.in_features, f.out_features) == (d.out_features, 2 * d.in_features):
+                return [Halves(gate_up, True), Halves(gate_up, False)], down, ""
+        return [], "", ("not a gated MLP: 2 nn.Linear children, neither [H -> 2I] with an [I -> H] "
+                        "(needs gate and up, or one gate_up, and down)")
     if len(linears) != 3:
         return [], "", f"not a gated MLP: {len(linears)} nn.Linear children (needs gate, up and down)"
     for down, d in linears.items():
         a, b = [n for n in linears if n != down]
         la, lb = linears[a], linears[b]
         if (la.in_features, la.out_features) == (lb.in_features, lb.out_features) == (d.out_features, d.in_features):
-            return [(a, b), (b, a)], down, ""
+            return [Pair(a, b), Pair(b, a)], down, ""
     return [], "", "not a gated MLP: no pair of [H -> I] projections with an [I -> H] one"
 
 
@@ -161,13 +207,14 @@ def _errors(module, orders, down, act, params) -> list[float]:
         out = module(x) if params is None else functional_call(module, params, (x,))
         if not isinstance(out, torch.Tensor):
             return [math.inf] * len(orders)
-        refs = [_call(module, down, params, ACTIVATIONS[act](_call(module, gate, params, x)) * _call(module, up, params, x))
-                for gate, up in orders]
+        call = lambda name, v: _call(module, name, params, v)  # noqa: E731
+        refs = [_call(module, down, params, ACTIVATIONS[act](gate) * up)
+                for gate, up in (_gate_and_up(module, order, x, call) for order in orders)]
     return [compare(out, ref) for ref in refs]
 
 
-def _matching_order(module, orders, down, act) -> tuple[tuple[str, str] | None, str]:
-    """The (gate, up) names the forward computes, or None and why."""
+def _matching_order(module, orders, down, act) -> tuple[Pair | Halves | None, str]:
+    """The naming of gate and up (a Pair or Halves) the forward computes, or None and why."""
     weight = getattr(module, down).weight
     if weight.device.type == "meta":
         return None, "parameters on the meta device: the forward cannot be checked"
@@ -175,7 +222,7 @@ def _matching_order(module, orders, down, act) -> tuple[tuple[str, str] | None, 
     try:
         errors = _errors(module, orders, down, act, None)
         if all(e <= tol for e in errors):  # the weights cannot tell: ask again with random ones
-            errors = _errors(module, orders, down, act, _random_weights(module, [*orders[0], down]))
+            errors = _errors(module, orders, down, act, _random_weights(module, [*orders[0].children(), down]))
     except Exception as exc:  # noqa: BLE001 - a forward that does not take [.., H] alone is not this formula
         return None, f"probe raised {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
     for order, err in zip(orders, errors):
@@ -185,11 +232,11 @@ def _matching_order(module, orders, down, act) -> tuple[tuple[str, str] | None, 
 
 
 # --------------------------------------------------------------------------- the new forward
-def _make_forward(gate: str, up: str, down: str, act_mul, original):
+def _make_forward(order, down: str, act_mul, original):
     def forward(self, x, *args, **kwargs):
         if args or kwargs:
             return original(self, x, *args, **kwargs)
-        return getattr(self, down)(act_mul(getattr(self, gate)(x), getattr(self, up)(x)))
+        return getattr(self, down)(act_mul(*_gate_and_up(self, order, x)))
 
     return install.marked(forward)
 
@@ -197,6 +244,8 @@ def _make_forward(gate: str, up: str, down: str, act_mul, original):
 def _dual_gemm_refusal(module, order, act) -> str | None:
     """Why gate and up cannot be one ``swiglu_linear`` (None when they can): it computes SiLU
     only, from two bias-free plain nn.Linear weights of one dtype."""
+    if isinstance(order, Halves):
+        return "fused_mlp: gate and up are one nn.Linear already (one GEMM; the activation kernel reads its halves)"
     gate, up = (getattr(module, name) for name in order)
     if act != "silu":
         return f"fused_mlp: gated {act} (the dual GEMM computes SiLU only)"
@@ -241,12 +290,12 @@ def plan(path: str, module: nn.Module, acts: list[tuple[str, str]], dual_gemm: b
     if reason:
         return Skip(path, "mlp", reason, cls), None
     label, act_mul = FUSED[act]
-    names = f"(gate={order[0]}, up={order[1]}, down={down})"
+    names = f"({order.label()}, down={down})"
     if dual_gemm:
         refusal = _dual_gemm_refusal(module, order, act)
         if refusal is None:
             forward = _make_dual_forward(order[0], order[1], down, act_mul, type(module).forward)
             return Swap(path, "mlp", f"swiglu_linear {names}", cls), install.bind(forward, module)
         label = f"{label} [{refusal}]"
-    forward = _make_forward(order[0], order[1], down, act_mul, type(module).forward)
+    forward = _make_forward(order, down, act_mul, type(module).forward)
     return Swap(path, "mlp", f"{label} {names}", cls), install.bind(forward, module)
