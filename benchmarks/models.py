@@ -34,7 +34,8 @@ loss, backward; infer: ``torch.no_grad()`` forward of the model in eval mode), o
   (the floor keeps gradients that are zero in exact arithmetic, such as attention key biases,
   from reading as 100% error), ``grad_worst`` its parameter; ``out_err`` for infer (logits).
 * a mode that raises gives a row with ``status=error`` and the message (traceback in the log);
-  the run goes on. ``speedup_vs_inductor`` = inductor ms / this mode's ms (> 1: faster).
+  the run goes on. A compiled mode whose prewarm step raises keeps ``status=ok`` for the model's
+  own steps, with the prewarm's error in every row (and below the table). ``speedup_vs_inductor`` = inductor ms / this mode's ms (> 1: faster).
 
 dtype: each model's usual one on a GPU (bf16 for the language models, ViT, ConvNeXt; fp32 for
 ResNet, TF32 left at PyTorch's defaults); float32 on the CPU. ``--size tiny`` on a CPU (set
@@ -332,16 +333,17 @@ def worker(name: str, size: str, modes, steps) -> None:
                 for _, p in model.named_parameters():
                     p.grad = None
         for mode in modes:
-            startup = None
+            startup, prewarm_error = None, ""
             if mode != "eager":
                 try:
                     startup = _prewarm(mode, device, Path(tmp))
-                except Exception:  # noqa: BLE001 - the model's own rows will say what fails
+                except Exception as exc:  # noqa: BLE001 - a crash of the compiler all the same: in every row
                     print(f"--- {name} {mode} prewarm", file=sys.stderr)
                     traceback.print_exc()
+                    prewarm_error = f"prewarm step failed: {_msg(exc)}"
             for step in steps:
                 emit("START", {"model": name, "mode": mode, "step": step})
-                row = {**base, "mode": mode, "step": step, "status": "ok", "error": "", "startup_s": startup}
+                row = {**base, "mode": mode, "step": step, "status": "ok", "error": prewarm_error, "startup_s": startup}
                 try:
                     row.update(_run_one(zm, model, inputs, mode, step, device, Path(tmp), refs[step], buffers0))
                 except Exception as exc:  # noqa: BLE001 - one mode's crash is a row, not the end of the run
@@ -528,7 +530,7 @@ def print_table(rows, args) -> None:
     console = Console(width=200)
     console.print(table)
     for r in rows:
-        if r.get("status") != "ok":
+        if r.get("status") != "ok" or r.get("error"):
             console.print(f"[{r['status']}] {r['model']} {r['mode']} {r['step']}: {r.get('error', '')[:180]}",
                           markup=False, highlight=False)
 

@@ -82,6 +82,12 @@ def partition(gm: fx.GraphModule) -> Partition:
     if layout.enabled():
         layout.copies_as_kernels(gm)
     private_column_prologues(gm)
+    # nothing a rewrite left unread is placed: a chain half built and abandoned (a GELU's copy in a
+    # sum's row space, ``prologues_in_row_space``, refused at softmax's max) became a group of no
+    # outputs, a kernel that wrote nothing, whose specialized runner line did not compile (FX
+    # keeps mutating ops: they are impure)
+    if gm.graph.eliminate_dead_code():
+        gm.recompile()
     state = _State(gm)
     for node in gm.graph.nodes:
         if node.op == "call_function":

@@ -902,7 +902,7 @@ def prologues_in_row_space(gm: fx.GraphModule) -> int:
     a row kernel reading it back. A chain that other ops read too is recomputed in the row space,
     not moved; where an operand's merged dims are neither all full nor all broadcast (or a view
     cannot be made on its layout) nothing changes."""
-    count, memo = 0, {}  # (node, k) -> its row-space node, shared: a chain two reductions read is made once
+    count, memo, abandoned = 0, {}, 0  # memo: (node, k) -> its row-space node (a chain two reductions read is made once)
     for view in list(gm.graph.nodes):
         if not (view.op == "call_function" and view.target is aten.view.default and _pointwise_source(view.args[0])
                 and all(u.op == "call_function" and u.target in _TRAILING for u in view.users)):
@@ -913,10 +913,14 @@ def prologues_in_row_space(gm: fx.GraphModule) -> int:
         try:
             moved = _in_rows(gm, view.args[0], merged, view, memo)
         except (RuntimeError, ValueError):  # a view this layout does not take, an odd broadcast
+            # the part of the chain made before the refusal is read by nothing: removed below
+            # (softmax's max below a GELU had left the GELU's row-space copy as a dead kernel)
+            abandoned += 1
             continue
         view.replace_all_uses_with(moved)
         count += 1
-    return _cleanup(gm, count)
+    _cleanup(gm, count + abandoned)
+    return count
 
 
 def _pointwise_source(node) -> bool:

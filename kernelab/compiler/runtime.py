@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import linecache
 import sys
+import warnings
 
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -150,7 +151,14 @@ class GraphRunner:
                 fast[id(runner)] = spec
         if not fast:
             return
-        source, function = _straight_line(self, fast=fast)
+        try:
+            source, function = _straight_line(self, fast=fast)
+        except Exception as exc:  # a line this writer got wrong: our bug, never the caller's call
+            if config.strict():
+                raise
+            warnings.warn(f"kernelab: a graph's runner could not be specialized ({type(exc).__name__}: {exc}); "
+                          "it keeps its first runner (same values, more host time a call)", stacklevel=2)
+            return
         if function is not None:
             self.fast, self.fast_source, self.fast_groups = function, source, len(fast)
             if config.debug_level() >= 3:  # 3: the generated sources, this runner's too
@@ -255,7 +263,9 @@ def _fast_group(item: GroupRunner, spec, names: dict, bind, stream: str) -> str:
     outs = [names[n] for n in item.group.outputs]
     into = {i: names[buf] for i, (_, buf) in zip(spec.into, item.into)}
     comma = "," if len(outs) == 1 else ""
-    if spec.allocate is not None:
+    if not outs:  # nothing to allocate (a group of no outputs: kept for its launch alone)
+        body = []
+    elif spec.allocate is not None:
         body = [f"{', '.join(outs)}{comma} = {bind('a', spec.allocate)}([{', '.join(loads)}])"]
         body += [f"{outs[i]} = {buf}" for i, buf in into.items()]
     else:
@@ -273,7 +283,8 @@ def _fast_group(item: GroupRunner, spec, names: dict, bind, stream: str) -> str:
         return "\n".join(f"    {line}" for line in body) + f"  # {item.group.name}"
     check = " and ".join(f"{name}.data_ptr() % 16 == 0" for name in checked)
     bufs = f", [{', '.join(into.values())}]" if into else ""
-    slow = f"{''.join(o + ', ' for o in outs)}= {bind('g', item)}.run_values([{', '.join(loads)}], []{bufs})"
+    assign = f"{''.join(o + ', ' for o in outs)}= " if outs else ""  # a group of no outputs assigns nothing
+    slow = f"{assign}{bind('g', item)}.run_values([{', '.join(loads)}], []{bufs})"
     return "\n".join([f"    if {check}:  # {item.group.name}", *(f"        {line}" for line in body), "    else:",
                       f"        {slow}"])
 

@@ -353,3 +353,51 @@ def test_debug_level_3_prints_the_specialized_runner(bound, built_runners, monke
     torch.testing.assert_close(f(a), (a + 1).relu())
     err = capsys.readouterr().err
     assert "the runner specialized after its first call (1 of 1 groups launched directly)" in err and ".launch(" in err
+
+
+def test_a_chain_a_rewrite_left_unread_is_no_kernel_and_the_runner_specializes(bound, built_runners):
+    """``gelu(x @ x.t()).softmax(-1).sum()`` (``benchmarks/models.py``'s prewarm step): the rewrites
+    left a copy of the GELU, moved into the full sum's row space, that nothing read once the sum
+    was taken onto another view. It was placed as a group of no outputs, a kernel writing nothing,
+    and its specialized line began with ``= ``: a SyntaxError at every GPU's second call (each zoo
+    worker's prewarm on the H100, stop 40). Now no group lacks outputs, the runner specializes,
+    and three steps equal eager's."""
+    fn = lambda x: torch.nn.functional.gelu(x @ x.t()).softmax(-1).sum()  # noqa: E731
+    compiled = torch.compile(fn, backend="kernelab")
+    x = torch.randn(64, 48, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    want = fn(x)
+    want_grad, = torch.autograd.grad(want, x)
+    for _ in range(3):
+        got = compiled(x)
+        got_grad, = torch.autograd.grad(got, x)
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
+        torch.testing.assert_close(got_grad, want_grad, rtol=2e-5, atol=2e-6)
+    runners = [r for r in built_runners if r.group_runners]
+    assert runners and all(r.fast is not None for r in runners)
+    assert all(g.group.outputs for r in runners for g in r.group_runners), "a group of no outputs"
+
+
+def test_a_runner_that_cannot_be_specialized_keeps_its_first_runner(bound, built_runners, monkeypatch):
+    """Writing the specialized runner is kernelab's code, not the caller's: where it fails the
+    graph keeps running its first runner with one warning (values as eager's); under
+    KERNELAB_STRICT=1 it raises."""
+    real = runtime._straight_line
+
+    def broken(runner, fast=None):
+        if fast:
+            raise SyntaxError("a line written wrong")
+        return real(runner, fast)
+
+    monkeypatch.setattr(runtime, "_straight_line", broken)
+    fn = lambda a, b: (a * b + 1).relu().sum(0)  # noqa: E731
+    a, b = torch.randn(6, 40), torch.randn(6, 40)
+    monkeypatch.setenv("KERNELAB_STRICT", "0")
+    compiled = torch.compile(fn, backend="kernelab")
+    with pytest.warns(UserWarning, match="could not be specialized"):
+        torch.testing.assert_close(compiled(a, b), fn(a, b))
+    torch.testing.assert_close(compiled(a, b), fn(a, b))
+    assert all(r.fast is None for r in built_runners)
+    torch._dynamo.reset()
+    monkeypatch.setenv("KERNELAB_STRICT", "1")
+    with pytest.raises(SyntaxError, match="a line written wrong"):
+        torch.compile(lambda a, b: (a - b).abs().sum(0), backend="kernelab")(a, b)
