@@ -32,6 +32,10 @@
 # inference step (0.45x Inductor, slower than eager) kernel by kernel with cProfile, GPT-2's inference
 # peak (1.92 GiB against Inductor's 1.16: one (tokens, vocabulary) buffer more) allocation by allocation,
 # then ConvNeXt's inference under KERNELAB_CONV_LAYOUT=traced (is the channels-last choice the loss?).
+# Run in stop 41 on an H200 (results/zoo_profile_*_stop41_h200.txt): ConvNeXt's inference is host-bound.
+# Call 8 (CALL=8, queued by stop 41, not run): benchmarks/zoo_plan_gpu.py, the GPU's own plans and
+# runner sources of GPT-2's and ConvNeXt's inference and ConvNeXt's training step: what the 20
+# kl_fused_copy launches the CPU plan does not predict are, and what holds GPT-2's qkv buffers.
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -62,6 +66,13 @@ if [ "${CALL:-2}" = 5 ]; then  # stop 39: the GPU files stop 38 left unrun under
         --loss-fn --runner-threads --top 30 > "$OUT/zoo_profile_t5_runner_threads.log" 2>&1
     echo "zoo_profile t5 --runner-threads rc=$? (${SECONDS}s)"
     grep "^==\|graph calls\|failed" "$OUT/zoo_profile_t5_runner_threads.log" | cut -c1-260
+    exit 0
+fi
+if [ "${CALL:-2}" = 8 ]; then  # queued by stop 41: the GPU's own plans and runner sources of the misses
+    timeout "$(left 400)" python3 benchmarks/zoo_plan_gpu.py "$OUT/plans" gpt2:infer convnext:infer convnext:train \
+        > "$OUT/zoo_plan_gpu.log" 2>&1
+    echo "zoo_plan_gpu rc=$? (${SECONDS}s)"; grep -v "Warning\|warn" "$OUT/zoo_plan_gpu.log" | tail -5
+    grep -c "kl_fused_copy" "$OUT"/plans/*_explain.txt
     exit 0
 fi
 if [ "${CALL:-2}" = 7 ]; then  # queued by stop 40: the zoo's two inference misses, located
