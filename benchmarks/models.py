@@ -35,7 +35,8 @@ loss, backward; infer: ``torch.no_grad()`` forward of the model in eval mode), o
   from reading as 100% error), ``grad_worst`` its parameter; ``out_err`` for infer (logits).
 * a mode that raises gives a row with ``status=error`` and the message (traceback in the log);
   the run goes on. A compiled mode whose prewarm step raises keeps ``status=ok`` for the model's
-  own steps, with the prewarm's error in every row (and below the table). ``speedup_vs_inductor`` = inductor ms / this mode's ms (> 1: faster).
+  own steps, with the prewarm's error in every row (and below the table).
+  ``speedup_vs_inductor`` = inductor ms / this mode's ms (> 1: faster).
 
 dtype: each model's usual one on a GPU (bf16 for the language models, ViT, ConvNeXt; fp32 for
 ResNet, TF32 left at PyTorch's defaults); float32 on the CPU. ``--size tiny`` on a CPU (set

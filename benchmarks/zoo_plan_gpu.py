@@ -63,15 +63,35 @@ def one(out: Path, name: str, step: str) -> None:
     print(f"{name}:{step}: {len(sources)} runner sources, plan written")
 
 
+def _specs(args: list[str]) -> list[tuple[str, str]]:
+    """(model, step) of each NAME[:STEP] argument; a clear SystemExit for anything else."""
+    specs = []
+    for spec in args:
+        name, _, step = spec.partition(":")
+        step = step or "infer"
+        if name not in ZOO or step not in ("train", "infer"):
+            raise SystemExit(f"zoo_plan_gpu.py: {spec!r} is not MODEL[:train|infer] with MODEL one of {', '.join(ZOO)}")
+        specs.append((name, step))
+    return specs
+
+
 def main() -> None:
+    if len(sys.argv) < 3:
+        raise SystemExit("usage: python3 benchmarks/zoo_plan_gpu.py OUT_DIR MODEL[:train|infer] ...")
+    specs = _specs(sys.argv[2:])
+    if not torch.cuda.is_available():
+        raise SystemExit("zoo_plan_gpu.py: no CUDA GPU here (the plans it writes are the GPU's)")
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    for spec in sys.argv[2:]:
-        name, _, step = spec.partition(":")
+    failed = 0
+    for name, step in specs:
         try:
-            one(out, name, step or "infer")
+            one(out, name, step)
         except Exception as exc:  # noqa: BLE001 - one model's failure is a line, the others still run
-            print(f"{spec}: {type(exc).__name__}: {exc}")
+            failed += 1
+            print(f"{name}:{step}: {type(exc).__name__}: {exc}")
+    if failed:
+        raise SystemExit(f"zoo_plan_gpu.py: {failed} of {len(specs)} failed")
 
 
 if __name__ == "__main__":
