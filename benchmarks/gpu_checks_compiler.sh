@@ -35,7 +35,8 @@
 # Run in stop 41 on an H200 (results/zoo_profile_*_stop41_h200.txt): ConvNeXt's inference is host-bound.
 # Call 8 (CALL=8, queued by stop 41, not run): benchmarks/zoo_plan_gpu.py, the GPU's own plans and
 # runner sources of GPT-2's and ConvNeXt's inference and ConvNeXt's training step: what the 20
-# kl_fused_copy launches the CPU plan does not predict are, and what holds GPT-2's qkv buffers.
+# kl_fused_copy launches the CPU plan does not predict are, and what holds GPT-2's qkv buffers; then (stop 42)
+# ConvNeXt-T's inference profiled again with the depthwise biases joining the layer norms.
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -73,6 +74,10 @@ if [ "${CALL:-2}" = 8 ]; then  # queued by stop 41: the GPU's own plans and runn
         > "$OUT/zoo_plan_gpu.log" 2>&1
     echo "zoo_plan_gpu rc=$? (${SECONDS}s)"; grep -v "Warning\|warn" "$OUT/zoo_plan_gpu.log" | tail -5
     grep -c "kl_fused_copy" "$OUT"/plans/*_explain.txt
+    # stop 42: the depthwise biases added after the permute (conv_biases_as_adds): ConvNeXt's launches again
+    timeout "$(left 200)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext" convnext:infer --modes inductor,kernelab \
+        --top 30 > "$OUT/zoo_profile_convnext_infer.log" 2>&1
+    echo "zoo_profile convnext:infer rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_convnext_infer.log" | cut -c1-230
     exit 0
 fi
 if [ "${CALL:-2}" = 7 ]; then  # queued by stop 40: the zoo's two inference misses, located

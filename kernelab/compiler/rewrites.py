@@ -320,9 +320,12 @@ def conv_biases_as_adds(gm: fx.GraphModule) -> int:
     adds a convolution's bias in a kernel of its own after most of its algorithms (the 1x1
     convolutions run as GEMMs, the depthwise ones; ``count`` predicts an "add bias" kernel for
     them), where as an add it joins the generated kernel of what follows (ConvNeXt's 1x1 MLP: the
-    GELU, the layer scale and the residual add). Only where every reader is such a kernel (else
-    the add would be one more kernel). The backward graph is traced already: its
-    ``convolution_backward`` still computes the bias gradient."""
+    GELU, the layer scale and the residual add). A reader that is a permute (ConvNeXt's depthwise
+    convolution, read channels-last by its layer norm: ``x.permute(0, 2, 3, 1)``) gets the add after
+    it, ``permute(conv) + b.view(1, 1, 1, C)``, the same values, so that the bias joins the layer
+    norm's kernel as its prologue. Only where every reader is such a kernel, a permute read only by
+    such kernels, or the graph's output (else the add would be one more kernel). The backward
+    graph is traced already: its ``convolution_backward`` still computes the bias gradient."""
     count = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.convolution.default or len(node.args) < 9:
@@ -330,18 +333,47 @@ def conv_biases_as_adds(gm: fx.GraphModule) -> int:
         bias = node.args[2]
         val = fusion.value(node)
         if not (isinstance(bias, fx.Node) and isinstance(val, torch.Tensor) and hasattr(val, "fake_mode")
-                and val.dim() >= 3 and fusion.value(bias).dtype == val.dtype and _read_by_kernels(node)):
+                and val.dim() >= 3 and fusion.value(bias).dtype == val.dtype and _bias_may_move(node)):
             continue
         b = _Builder(gm, node, val)
         try:
             conv = b.op(aten.convolution.default, node.args[0], node.args[1], None, *node.args[3:])
-            shaped = b.op(aten.view.default, bias, [1, val.shape[1]] + [1] * (val.dim() - 2))
-            new = b.op(aten.add.Tensor, conv, shaped)
+            replaced = [(u, _bias_added(b, conv, bias, val, u)) for u in list(node.users) if _is_permute_of(u, node)]
+            if len(replaced) < len(node.users):  # readers of the convolution itself
+                replaced.append((node, _bias_added(b, conv, bias, val, None)))
         except Exception:  # noqa: BLE001 - shapes this restatement does not cover: leave it
+            b.undo()
             continue
-        node.replace_all_uses_with(new)
+        for old, new in replaced:
+            old.replace_all_uses_with(new)
         count += 1
     return _cleanup(gm, count)
+
+
+def _bias_added(b: "_Builder", conv: fx.Node, bias: fx.Node, val, permute: fx.Node | None) -> fx.Node:
+    """``conv + bias`` with the bias along the channel dim (1), or ``permute(conv) + bias`` with the
+    bias where ``permute`` moves the channel dim."""
+    shape = [1] * val.dim()
+    if permute is None:
+        shape[1] = val.shape[1]
+        return b.op(aten.add.Tensor, conv, b.op(aten.view.default, bias, shape))
+    dims = [d % val.dim() for d in permute.args[1]]
+    shape[dims.index(1)] = val.shape[1]
+    return b.op(aten.add.Tensor, b.op(aten.permute.default, conv, dims), b.op(aten.view.default, bias, shape))
+
+
+def _is_permute_of(node: fx.Node, source: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is aten.permute.default and node.args[0] is source
+
+
+def _bias_may_move(conv: fx.Node) -> bool:
+    """Every reader of the convolution is a generated kernel or the graph's output, or a permute
+    whose readers all are: the bias as an add then joins kernels that run anyway."""
+    direct = [u for u in conv.users if not _is_permute_of(u, conv)]
+    permutes = [u for u in conv.users if _is_permute_of(u, conv)]
+    if direct and not _read_by_kernels(conv, ignore=permutes):
+        return False
+    return bool(conv.users) and all(_read_by_kernels(p) for p in permutes)
 
 
 def slices_through_products(gm: fx.GraphModule) -> int:
@@ -520,12 +552,13 @@ def _broadcast_into(cat: fx.Node, user: fx.Node) -> list | None:
     return list(out.shape)
 
 
-def _read_by_kernels(node) -> bool:
-    """Every reader of ``node`` is an op a generated kernel computes (the add would join it) or the
-    graph's output (a value saved for the backward): no view that moves values (ConvNeXt's permute
-    before its layer norm), no ATen op."""
-    kernels = [u for u in node.users if u.op == "call_function" and fusion.classify(u)[0] in ("pointwise", "reduction")]
-    return bool(kernels) and all(u in kernels or u.op == "output" for u in node.users)
+def _read_by_kernels(node, ignore=()) -> bool:
+    """Every reader of ``node`` (but those in ``ignore``) is an op a generated kernel computes (the
+    add would join it) or the graph's output (a value saved for the backward): no view that moves
+    values, no ATen op."""
+    users = [u for u in node.users if u not in ignore]
+    kernels = [u for u in users if u.op == "call_function" and fusion.classify(u)[0] in ("pointwise", "reduction")]
+    return bool(kernels) and all(u in kernels or u.op == "output" for u in users)
 
 
 #: reductions over the trailing dims restated over one flat last dim (``trailing_reductions_as_rows``)

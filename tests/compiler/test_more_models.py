@@ -1,6 +1,6 @@
 """Models outside ``kernelab.zoo``, as a user would bring them: Hugging Face Qwen2, Gemma, Phi-3,
-GPT-NeoX, OPT, RoBERTa, DistilBERT and Wav2Vec2, torchvision's MobileNetV3 and RegNet, timm's
-EfficientNet, Swin and PoolFormer,
+GPT-NeoX, OPT, RoBERTa, DistilBERT, Wav2Vec2, GPT-OSS and Whisper, torchvision's MobileNetV3 and RegNet, timm's
+EfficientNet, Swin and PoolFormer, and greedy generation (GPT-2, Llama, T5) with a compiled forward,
 built from tiny configs (no weights), float32 on the CPU with the generated kernels under Triton's
 interpreter. One training step under backend="kernelab" against eager on the same weights: the
 loss and every parameter's gradient within the zoo's tolerances, nothing fallen back to ATen
@@ -95,6 +95,16 @@ MODELS = {
     "swin": _vision(lambda: timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, num_classes=10,
                                               depths=(1, 1, 1, 1), embed_dim=32, num_heads=(1, 2, 2, 4),
                                               img_size=56, window_size=7, drop_path_rate=0.0)),
+    # 2026-12-07 (a held-out sweep of 50 more: all within eager's own float32 error): an MoE with
+    # attention sinks, sliding-window layers and a clamped SwiGLU; a speech encoder-decoder (conv1d
+    # stem over mel features, cross-attention)
+    "gpt_oss": _hf("GptOssForCausalLM", "GptOssConfig", num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                   num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"], **_LM),
+    "whisper": (_hf("WhisperForConditionalGeneration", "WhisperConfig", d_model=64, encoder_layers=1,
+                    decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=96,
+                    decoder_ffn_dim=96, vocab_size=128, num_mel_bins=16, max_source_positions=20,
+                    max_target_positions=32, dropout=0.0, pad_token_id=1, decoder_start_token_id=2,
+                    eos_token_id=2, bos_token_id=0)[0], "speech"),
 }
 
 
@@ -105,12 +115,14 @@ def _inputs(kind):
         return {"input_ids": ids, "labels": ids.clone()}
     if kind == "audio":
         return {"input_values": torch.randn(2, 800, generator=gen), "labels": torch.randint(1, 32, (2, 5), generator=gen)}
+    if kind == "speech":  # 40 frames of 16 mel bins; decoder labels
+        return {"input_features": torch.randn(2, 16, 40, generator=gen), "labels": torch.randint(3, 128, (2, 12), generator=gen)}
     side = kind[1]
     return torch.randn(2, 3, side, side, generator=gen)
 
 
 def _loss(model, inputs, kind):
-    if kind in ("text", "audio"):
+    if kind in ("text", "audio", "speech"):
         return model(**inputs).loss
     return model(inputs).logsumexp(-1).mean()  # an image classifier's loss without labels
 
@@ -145,3 +157,43 @@ def test_training_step_matches_eager(name):
     assert grads.keys() == ref.keys(), f"{name}: parameters with a gradient differ"
     bad = gradients_off(grads, ref)
     assert not bad, f"{name}: gradients off eager (relative norm): {bad}"
+
+
+#: decoders and an encoder-decoder as ``generate`` serves them (eos never reached: ``min_new_tokens``)
+GENERATORS = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64, bos_token_id=0, eos_token_id=1)),
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **_LM, num_key_value_heads=2, bos_token_id=0, eos_token_id=1, pad_token_id=0)),
+    "t5": lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
+        d_model=64, d_kv=16, d_ff=96, num_layers=1, num_heads=4, vocab_size=128, decoder_start_token_id=0,
+        eos_token_id=1, pad_token_id=0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_greedy_generation_with_a_compiled_forward_matches_eager(name):
+    """``model.generate`` with ``model.forward`` compiled, as people serve a model: a prefill graph,
+    then decode steps whose KV cache grows by a token a call (new shapes each step: recompiles,
+    then dynamic shapes). Every step's scores within the zoo's tolerance of eager's, the same
+    tokens, generated kernels launched, nothing fallen back."""
+    torch.manual_seed(0)
+    model = GENERATORS[name]().eval()
+    ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, output_scores=True,
+                  return_dict_in_generate=True)
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        model.forward = torch.compile(model.forward, backend="kernelab")
+        klc.reset_events()
+        actual = model.generate(ids, **kwargs)
+    events = klc.events()
+    assert events.fallbacks == [], str(events)
+    assert events.kernels_launched > 0, f"{name}: no generated kernel launched"
+    assert len(actual.scores) == len(expected.scores) == 10
+    for step, (a, e) in enumerate(zip(actual.scores, expected.scores)):
+        finite = e.isfinite()  # eos's score is -inf while fewer than min_new_tokens were made
+        assert torch.equal(a.isfinite(), finite), f"{name}: step {step}'s infinite scores differ"
+        off = rel_norm(a[finite], e[finite])
+        assert off < REL, f"{name}: step {step}'s scores {off:.2e} off eager's"
+    assert torch.equal(actual.sequences, expected.sequences), f"{name}: {actual.sequences} vs {expected.sequences}"

@@ -814,6 +814,38 @@ def test_convolution_bias_joins_the_next_kernel():
     assert "add bias" not in names, names
 
 
+def _dw_conv_norm(x, w, b, nw, nb):
+    """ConvNeXt's block head as timm writes it: a depthwise 7x7 convolution with a bias, then the
+    layer norm over channels of its channels-last view."""
+    y = F.conv2d(x, w, b, padding=3, groups=x.shape[1]).permute(0, 2, 3, 1)
+    return F.layer_norm(y, (x.shape[1],), nw, nb, 1e-6)
+
+
+@pytest.mark.parametrize("layout", ["traced", "channels_last"])
+def test_a_depthwise_bias_read_through_a_permute_joins_the_layer_norm(layout, monkeypatch):
+    """The depthwise convolution's reader is the permute before the layer norm: its bias was ATen's
+    "add bias" kernel (one of ConvNeXt's 42 extra launches a step on the H200); added after the
+    permute (``rewrites.conv_biases_as_adds``) it is the layer norm kernel's prologue. Values and
+    every gradient (the bias's from convolution_backward) equal eager's, in both conv layouts."""
+    monkeypatch.setenv("KERNELAB_CONV_LAYOUT", layout)
+    c = 12
+    args = [_r(2, c, 6, 5), _r(c, 1, 7, 7, seed=1), _r(c, seed=2), _r(c, seed=3), _r(c, seed=4)]
+    leaves = [a.clone().requires_grad_() for a in args]
+    g = _r(2, 6, 5, c, seed=5)
+    expected = torch.autograd.grad(_dw_conv_norm(*leaves), leaves, g)
+    actual = torch.autograd.grad(torch.compile(_dw_conv_norm, backend="kernelab")(*leaves), leaves, g)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert_close(a, e, what=f"gradient {i}")
+    with torch.no_grad():
+        assert_close(torch.compile(_dw_conv_norm, backend="kernelab")(*args), _dw_conv_norm(*args), what="inference")
+        names = [k.name for k in klc.plan_kernels(_dw_conv_norm, tuple(args))]
+        plan = klc.explain(_dw_conv_norm, *args)
+    assert "add bias" not in names, names
+    # the bias add is the first op of the layer norm's kernel (its statistics read it)
+    fused = [grp for grp in plan.graphs[0].groups if grp.ops and grp.ops[0].endswith("= add") and any(o.endswith("= var") for o in grp.ops)]
+    assert fused, str(plan)
+
+
 def _rope(x, cos, sin):
     """Rotary embeddings as Hugging Face writes them: ``rotate_half`` is ``cat([-x2, x1])``."""
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
