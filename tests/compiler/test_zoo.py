@@ -45,6 +45,36 @@ def test_training_step_matches_eager(name):
     assert not bad, f"{name}: gradients off eager (relative norm): {bad}"
 
 
+def _batch(zm, inputs, rows: list):
+    """The examples ``rows`` of a zoo input (repeats allowed): a batch of another size."""
+    if zm.kind == "vision":
+        return tuple(t[rows] for t in inputs)
+    return {k: v[rows] for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet"])
+def test_batches_of_changing_size_match_eager(name):
+    """A training loop whose batches change size (an epoch's short last batch, then a larger one):
+    the second size recompiles, later ones run the graphs Dynamo marks dynamic (symbolic batch
+    size: the runner evaluates the sizes per call). Each step's loss and gradients as eager's;
+    ResNet's batch norm over one example's pixels included."""
+    zm = ZOO[name]
+    model, inputs = zm.build("tiny")
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # batch-norm statistics move
+    compiled = torch.compile(model, backend="kernelab")
+    for rows in ([0, 1], [0], [1, 0, 1]):
+        batch = _batch(zm, inputs, rows)
+        model.load_state_dict(state)
+        model.zero_grad(set_to_none=True)
+        ref_loss, ref_grads = _gradients(zm, model, batch)
+        model.load_state_dict(state)
+        model.zero_grad(set_to_none=True)
+        loss, grads = _gradients(zm, model, batch, compiled=compiled)
+        assert rel_norm(loss, ref_loss) < REL, f"{name}, batch of {len(rows)}: loss {loss.item()} vs {ref_loss.item()}"
+        bad = gradients_off(grads, ref_grads)
+        assert not bad, f"{name}, batch of {len(rows)}: gradients off eager (relative norm): {bad}"
+
+
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_inference_matches_eager(name):
     zm = ZOO[name]
