@@ -37,6 +37,9 @@
 # runner sources of GPT-2's and ConvNeXt's inference and ConvNeXt's training step: what the 20
 # kl_fused_copy launches the CPU plan does not predict are, and what holds GPT-2's qkv buffers; then (stop 42)
 # ConvNeXt-T's inference profiled again with the depthwise biases joining the layer norms.
+# Run in stop 42 on an H100 (results/zoo_plan_convnext_gpt2_stop42_h100.txt).
+# Call 9 (CALL=9, stop 42): the GPU tests of the runner and conv layouts, then ConvNeXt-T inference and
+# training and GPT-2's inference memory with the clones dropped before permutes and the K/V copies' inputs freed.
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -67,6 +70,22 @@ if [ "${CALL:-2}" = 5 ]; then  # stop 39: the GPU files stop 38 left unrun under
         --loss-fn --runner-threads --top 30 > "$OUT/zoo_profile_t5_runner_threads.log" 2>&1
     echo "zoo_profile t5 --runner-threads rc=$? (${SECONDS}s)"
     grep "^==\|graph calls\|failed" "$OUT/zoo_profile_t5_runner_threads.log" | cut -c1-260
+    exit 0
+fi
+if [ "${CALL:-2}" = 9 ]; then  # stop 42: the fixes CALL=8's plans found, measured (H100 or H200)
+    timeout "$(left 120)" python3 -m pytest tests/gpu/test_fast_runner_gpu.py tests/gpu/test_conv_layout_gpu.py tests/gpu/test_reuse_gpu.py -q \
+        -p no:cacheprovider -W ignore -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
+    echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | head -10
+    timeout "$(left 150)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext" convnext:infer --modes inductor,kernelab \
+        --top 25 > "$OUT/zoo_profile_convnext_infer.log" 2>&1
+    echo "zoo_profile convnext:infer rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_convnext_infer.log" | cut -c1-230
+    timeout "$(left 150)" python3 benchmarks/zoo_profile.py "$OUT/zp_gpt2" gpt2:infer --modes inductor,kernelab \
+        --top 12 --memory > "$OUT/zoo_profile_gpt2_infer_memory.log" 2>&1
+    echo "zoo_profile gpt2:infer --memory rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_gpt2_infer_memory.log" | cut -c1-230
+    timeout "$(left 200)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext_train" convnext:train --modes inductor,kernelab \
+        --top 25 > "$OUT/zoo_profile_convnext_train.log" 2>&1
+    echo "zoo_profile convnext:train rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_convnext_train.log" | cut -c1-230
+    rm -rf "$OUT"/zp_*
     exit 0
 fi
 if [ "${CALL:-2}" = 8 ]; then  # queued by stop 41: the GPU's own plans and runner sources of the misses

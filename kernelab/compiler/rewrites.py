@@ -35,7 +35,7 @@ __all__ = ["one_hot_indexing", "multiplications_by_one", "unsqueezed_repeats", "
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds",
            "inputs_in_row_space", "trailing_reductions_as_rows",
-           "conv_biases_as_adds", "negated_cat_pieces", "slices_through_products", "cats_of_products",
+           "conv_biases_as_adds", "clones_read_through_permutes", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norm_forwards_decomposed", "batch_norms_in_place", "cuda_clamps_without_nan_bounds", "gathers_before_casts",
            "truth_reductions_as_extremes", "common_subexpressions", "prologues_in_row_space",
            "middle_dims_kept_as_rows_then_columns", "batch_norm_statistics_as_rows_then_columns",
@@ -59,6 +59,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             + one_hot_indexing(gm) + casts_through_views(gm) + gathers_before_casts(gm)
             + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
             + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
+            + clones_read_through_permutes(gm)
             + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm) + broadcast_cats_expanded(gm)
             + casts_through_views(gm, squeezes=True) + permuted_trees_into_copies(gm) + pointwise_into_copies(gm))
 
@@ -374,6 +375,40 @@ def _bias_may_move(conv: fx.Node) -> bool:
     if direct and not _read_by_kernels(conv, ignore=permutes):
         return False
     return bool(conv.users) and all(_read_by_kernels(p) for p in permutes)
+
+
+def clones_read_through_permutes(gm: fx.GraphModule) -> int:
+    """``clone(x)`` read only by permutes that only generated kernels read -> ``x``: the clone
+    made a kernel of its own that copied x (an (N, H, W, C) activation) for nothing, since the
+    permute after it is a view that moves values and a kernel's input is not fused through it.
+    Without it the kernels read x through the permute, by strides (any strides do: a permute
+    needs no particular layout, where a flattening view after a clone might). Seen on the H100:
+    ConvNeXt's ``fc2`` output cloned before ``permute(0, 3, 1, 2)``, the layer scale and the
+    residual add, 18 copies of the block's activation a step in inference, 37 in training (the
+    backward recomputes the clone). Not where the clone or a permute of it is the graph's output
+    (the caller, or the backward, gets a tensor of its own)."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if not (node.op == "call_function" and node.target is aten.clone.default and node.users
+                and isinstance(node.args[0], fx.Node)):
+            continue
+        if all(_is_permute_of(u, node) and _kernels_read_through_permutes(u) for u in node.users):
+            node.replace_all_uses_with(node.args[0])
+            count += 1
+    return _cleanup(gm, count)
+
+
+def _kernels_read_through_permutes(node: fx.Node) -> bool:
+    """Every reader of ``node`` is an op a generated kernel computes, or a permute whose readers
+    are such ops or permutes in turn (a backward reads a permuted value permuted back); none is
+    the graph's output."""
+    for u in node.users:
+        if _is_permute_of(u, node):
+            if not _kernels_read_through_permutes(u):
+                return False
+        elif not (u.op == "call_function" and fusion.classify(u)[0] in ("pointwise", "reduction")):
+            return False
+    return bool(node.users)
 
 
 def slices_through_products(gm: fx.GraphModule) -> int:

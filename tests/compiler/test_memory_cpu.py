@@ -117,3 +117,31 @@ def test_explain_says_the_logits_come_back_padded(monkeypatch):
         plan = klc.explain(lambda inp: forward(module, inp), inputs)
     lines = [line for graph in plan.graphs for line in graph.padded]
     assert any("returned with its padded rows" in line and "30524 elements apart" in line for line in lines), lines
+
+
+def _layers_returning_cache_copies(x, w):
+    """Twelve "layers" as a decoder's attention lays out its KV cache: one q/k/v product a layer,
+    split, k and v copied into the returned cache, q carried on."""
+    d, cache = w.shape[1] // 3, []
+    for _ in range(12):
+        q, k, v = (x @ w).split(d, -1)
+        cache += [k.t().clone(), v.t().clone()]
+        x = torch.tanh(q)
+    return x, cache
+
+
+def test_a_product_whose_views_were_copied_out_is_freed_before_the_end():
+    """The runner kept the inputs of every value it returns alive to the end, so each layer's q/k/v
+    product stayed behind its returned K/V copies (GPT-2's inference on the H200: 12 x 36 MiB,
+    0.42 GiB above Inductor's peak): 11 products here by the last layer. Measured: the compiled
+    step's peak within three products of eager's (the interpreter's copies of a launch's arguments
+    count on the CPU; measured 2.0 products above eager's, 11.0 before the fix)."""
+    mem = _script()
+    x, w = torch.randn(256, 128), torch.randn(128, 384)
+    with torch.no_grad():
+        compiled = torch.compile(_layers_returning_cache_copies, backend="kernelab")
+        compiled(x, w)
+        eager_peak, _ = mem.step_peak(lambda: _layers_returning_cache_copies(x, w))
+        peak, _ = mem.step_peak(lambda: compiled(x, w))
+    product = 256 * 384 * 4
+    assert peak <= eager_peak + 3 * product, (peak / product, eager_peak / product)

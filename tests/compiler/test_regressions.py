@@ -846,6 +846,34 @@ def test_a_depthwise_bias_read_through_a_permute_joins_the_layer_norm(layout, mo
     assert fused, str(plan)
 
 
+def _cloned_mlp_out(x, w, b, gamma, shortcut):
+    """ConvNeXt's block tail as the H100's timm traced it: the MLP's output cloned, permuted back to
+    NCHW, the layer scale and the residual add."""
+    y = F.linear(x, w, b).clone().permute(0, 3, 1, 2)
+    return y * gamma.reshape(1, -1, 1, 1) + shortcut
+
+
+def test_a_clone_read_through_a_permute_is_no_copy_kernel():
+    """A clone whose only readers are permutes read by generated kernels was a copy kernel of its
+    own (the permute is a view kernels do not fuse through): 18 copies of ConvNeXt's activations
+    in its inference step on the H100, 37 in training (the backward recomputes the clone).
+    ``rewrites.clones_read_through_permutes`` drops it; values and gradients as eager's."""
+    args = [_r(2, 4, 5, 32), _r(8, 32, seed=1), _r(8, seed=2), _r(8, seed=3),
+            _r(2, 8, 4, 5, seed=4).to(memory_format=torch.channels_last)]
+    leaves = [a.clone().requires_grad_() for a in args]
+    g = _r(2, 8, 4, 5, seed=5)
+    expected = torch.autograd.grad(_cloned_mlp_out(*leaves), leaves, g)
+    actual = torch.autograd.grad(torch.compile(_cloned_mlp_out, backend="kernelab")(*leaves), leaves, g)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert_close(a, e, what=f"gradient {i}")
+    with torch.no_grad():
+        assert_close(torch.compile(_cloned_mlp_out, backend="kernelab")(*args), _cloned_mlp_out(*args), what="inference")
+        names = [k.name for k in klc.plan_kernels(_cloned_mlp_out, tuple(args))]
+    assert "kl_fused_copy" not in names, names
+    names = [k.name for k in klc.plan_kernels(lambda *a: torch.autograd.grad(_cloned_mlp_out(*a), a, g), tuple(leaves))]
+    assert "kl_fused_copy" not in names, names
+
+
 def _rope(x, cos, sin):
     """Rotary embeddings as Hugging Face writes them: ``rotate_half`` is ``cat([-x2, x1])``."""
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
