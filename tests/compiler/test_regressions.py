@@ -814,6 +814,18 @@ def test_convolution_bias_joins_the_next_kernel():
     assert "add bias" not in names, names
 
 
+def _gradients_and_values_as_eager(fn, args, g) -> None:
+    """``fn`` compiled: every input's gradient for the output gradient ``g``, and the inference
+    values, as eager's."""
+    leaves = [a.clone().requires_grad_() for a in args]
+    expected = torch.autograd.grad(fn(*leaves), leaves, g)
+    actual = torch.autograd.grad(torch.compile(fn, backend="kernelab")(*leaves), leaves, g)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert_close(a, e, what=f"gradient {i}")
+    with torch.no_grad():
+        assert_close(torch.compile(fn, backend="kernelab")(*args), fn(*args), what="inference")
+
+
 def _dw_conv_norm(x, w, b, nw, nb):
     """ConvNeXt's block head as timm writes it: a depthwise 7x7 convolution with a bias, then the
     layer norm over channels of its channels-last view."""
@@ -830,14 +842,8 @@ def test_a_depthwise_bias_read_through_a_permute_joins_the_layer_norm(layout, mo
     monkeypatch.setenv("KERNELAB_CONV_LAYOUT", layout)
     c = 12
     args = [_r(2, c, 6, 5), _r(c, 1, 7, 7, seed=1), _r(c, seed=2), _r(c, seed=3), _r(c, seed=4)]
-    leaves = [a.clone().requires_grad_() for a in args]
-    g = _r(2, 6, 5, c, seed=5)
-    expected = torch.autograd.grad(_dw_conv_norm(*leaves), leaves, g)
-    actual = torch.autograd.grad(torch.compile(_dw_conv_norm, backend="kernelab")(*leaves), leaves, g)
-    for i, (a, e) in enumerate(zip(actual, expected)):
-        assert_close(a, e, what=f"gradient {i}")
+    _gradients_and_values_as_eager(_dw_conv_norm, args, _r(2, 6, 5, c, seed=5))
     with torch.no_grad():
-        assert_close(torch.compile(_dw_conv_norm, backend="kernelab")(*args), _dw_conv_norm(*args), what="inference")
         names = [k.name for k in klc.plan_kernels(_dw_conv_norm, tuple(args))]
         plan = klc.explain(_dw_conv_norm, *args)
     assert "add bias" not in names, names
@@ -860,16 +866,12 @@ def test_a_clone_read_through_a_permute_is_no_copy_kernel():
     ``rewrites.clones_read_through_permutes`` drops it; values and gradients as eager's."""
     args = [_r(2, 4, 5, 32), _r(8, 32, seed=1), _r(8, seed=2), _r(8, seed=3),
             _r(2, 8, 4, 5, seed=4).to(memory_format=torch.channels_last)]
-    leaves = [a.clone().requires_grad_() for a in args]
     g = _r(2, 8, 4, 5, seed=5)
-    expected = torch.autograd.grad(_cloned_mlp_out(*leaves), leaves, g)
-    actual = torch.autograd.grad(torch.compile(_cloned_mlp_out, backend="kernelab")(*leaves), leaves, g)
-    for i, (a, e) in enumerate(zip(actual, expected)):
-        assert_close(a, e, what=f"gradient {i}")
+    _gradients_and_values_as_eager(_cloned_mlp_out, args, g)
     with torch.no_grad():
-        assert_close(torch.compile(_cloned_mlp_out, backend="kernelab")(*args), _cloned_mlp_out(*args), what="inference")
         names = [k.name for k in klc.plan_kernels(_cloned_mlp_out, tuple(args))]
     assert "kl_fused_copy" not in names, names
+    leaves = [a.clone().requires_grad_() for a in args]
     names = [k.name for k in klc.plan_kernels(lambda *a: torch.autograd.grad(_cloned_mlp_out(*a), a, g), tuple(leaves))]
     assert "kl_fused_copy" not in names, names
 
