@@ -394,8 +394,22 @@ def clones_read_through_permutes(gm: fx.GraphModule) -> int:
             continue
         if all(_is_permute_of(u, node) and _kernels_read_through_permutes(u) for u in node.users):
             node.replace_all_uses_with(node.args[0])
+            _permutes_restrided(node.args[0])
             count += 1
     return _cleanup(gm, count)
+
+
+def _permutes_restrided(source: fx.Node) -> None:
+    """The fake values of the permutes that read ``source`` (and of permutes of them) recomputed:
+    with the clone gone they view its input, whose strides may differ from the clone's."""
+    val = fusion.value(source)
+    if not (isinstance(val, torch.Tensor) and hasattr(val, "fake_mode")):
+        return
+    for u in source.users:
+        if _is_permute_of(u, source):
+            with val.fake_mode:
+                u.meta["val"] = aten.permute.default(val, u.args[1])
+            _permutes_restrided(u)
 
 
 def _kernels_read_through_permutes(node: fx.Node) -> bool:

@@ -874,6 +874,15 @@ def test_a_clone_read_through_a_permute_is_no_copy_kernel():
     leaves = [a.clone().requires_grad_() for a in args]
     names = [k.name for k in klc.plan_kernels(lambda *a: torch.autograd.grad(_cloned_mlp_out(*a), a, g), tuple(leaves))]
     assert "kl_fused_copy" not in names, names
+    # a clone of a transposed view: the permute then reads strides other than the clone's
+    x, y = _r(2, 3, 5), _r(2, 3, 5, seed=1)
+    _gradients_and_values_as_eager(_cloned_transpose, [x, y], _r(2, 3, 5, seed=2))
+    with torch.no_grad():
+        assert [k.name for k in klc.plan_kernels(_cloned_transpose, (x, y))] == ["kl_fused_mul_add"]
+
+
+def _cloned_transpose(x, y):
+    return x.transpose(1, 2).clone().permute(0, 2, 1) * 2 + y
 
 
 def _rope(x, cos, sin):
