@@ -40,6 +40,9 @@
 # Run in stop 42 on an H100 (results/zoo_plan_convnext_gpt2_stop42_h100.txt).
 # Call 9 (CALL=9, stop 42): the GPU tests of the runner and conv layouts, then ConvNeXt-T inference and
 # training and GPT-2's inference memory with the clones dropped before permutes and the K/V copies' inputs freed.
+# Call 10 (CALL=10, stop 43): the GPU's own plans of the models whose kernels exceed Inductor's (Mixtral,
+# T5, Llama: transformers on the GPU machine is another version than the CPU's), and Mixtral's training
+# step profiled under both compilers (which kernels each launches, by name).
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -85,6 +88,17 @@ if [ "${CALL:-2}" = 9 ]; then  # stop 42: the fixes CALL=8's plans found, measur
     timeout "$(left 200)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext_train" convnext:train --modes inductor,kernelab \
         --top 25 > "$OUT/zoo_profile_convnext_train.log" 2>&1
     echo "zoo_profile convnext:train rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_convnext_train.log" | cut -c1-230
+    rm -rf "$OUT"/zp_*
+    exit 0
+fi
+if [ "${CALL:-2}" = 10 ]; then  # stop 43: where Mixtral's, T5's and Llama's extra kernels are
+    timeout "$(left 330)" python3 benchmarks/zoo_plan_gpu.py "$OUT/plans" mixtral:train t5:infer llama:train mixtral:infer \
+        > "$OUT/zoo_plan_gpu.log" 2>&1
+    echo "zoo_plan_gpu rc=$? (${SECONDS}s)"; grep -v "Warning\|warn" "$OUT/zoo_plan_gpu.log" | tail -5
+    grep -H "generated kernel" "$OUT"/plans/*_explain.txt | cut -c1-200
+    timeout "$(left 200)" python3 benchmarks/zoo_profile.py "$OUT/zp_mixtral" mixtral:train --modes inductor,kernelab \
+        --top 40 > "$OUT/zoo_profile_mixtral_train.log" 2>&1
+    echo "zoo_profile mixtral:train rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_mixtral_train.log" | cut -c1-230
     rm -rf "$OUT"/zp_*
     exit 0
 fi
