@@ -43,6 +43,8 @@
 # Call 10 (CALL=10, stop 43): the GPU's own plans of the models whose kernels exceed Inductor's (Mixtral,
 # T5, Llama: transformers on the GPU machine is another version than the CPU's), and Mixtral's training
 # step profiled under both compilers (which kernels each launches, by name).
+# Call 11 (CALL=11, stop 43): calls 9 and 10 in one, for a session whose budget refusals had eaten: the GPU
+# tests, ConvNeXt-T inference and GPT-2's inference memory, then the GPU's plans of Mixtral, T5 and Llama.
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -88,6 +90,23 @@ if [ "${CALL:-2}" = 9 ]; then  # stop 42: the fixes CALL=8's plans found, measur
     timeout "$(left 200)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext_train" convnext:train --modes inductor,kernelab \
         --top 25 > "$OUT/zoo_profile_convnext_train.log" 2>&1
     echo "zoo_profile convnext:train rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_convnext_train.log" | cut -c1-230
+    rm -rf "$OUT"/zp_*
+    exit 0
+fi
+if [ "${CALL:-2}" = 11 ]; then  # stop 43: calls 9 and 10 in one call
+    timeout "$(left 100)" python3 -m pytest tests/gpu/test_fast_runner_gpu.py tests/gpu/test_conv_layout_gpu.py tests/gpu/test_reuse_gpu.py -q \
+        -p no:cacheprovider -W ignore -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
+    echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | head -10
+    timeout "$(left 130)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext" convnext:infer --modes inductor,kernelab \
+        --top 25 > "$OUT/zoo_profile_convnext_infer.log" 2>&1
+    echo "zoo_profile convnext:infer rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_convnext_infer.log" | cut -c1-230
+    timeout "$(left 130)" python3 benchmarks/zoo_profile.py "$OUT/zp_gpt2" gpt2:infer --modes inductor,kernelab \
+        --top 12 --memory > "$OUT/zoo_profile_gpt2_infer_memory.log" 2>&1
+    echo "zoo_profile gpt2:infer --memory rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_gpt2_infer_memory.log" | cut -c1-230
+    timeout "$(left 250)" python3 benchmarks/zoo_plan_gpu.py "$OUT/plans" mixtral:train t5:infer llama:train \
+        > "$OUT/zoo_plan_gpu.log" 2>&1
+    echo "zoo_plan_gpu rc=$? (${SECONDS}s)"; grep -v "Warning\|warn" "$OUT/zoo_plan_gpu.log" | tail -5
+    grep -H "generated kernel" "$OUT"/plans/*_explain.txt | cut -c1-200
     rm -rf "$OUT"/zp_*
     exit 0
 fi
