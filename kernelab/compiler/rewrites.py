@@ -288,12 +288,15 @@ def full_reductions_as_rows(gm: fx.GraphModule) -> int:
     losses and count of targets. The row template then generates it with its prologue and
     epilogue (a cross-entropy forward: 5 kernels -> 3; ATen ran each as a kernel of its own).
     ``max()``/``min()`` propagate NaN as ``amax``/``amin`` do; an integer or bool sum keeps its
-    int64 result (the count of valid targets). Left alone: empty tensors (sum 0, mean NaN, max
-    raises), integer means and extremes, non-contiguous inputs (the flat view would move values),
-    and (by the planner) rows longer than 65536, which ATen splits across blocks. Of a kernel's
+    int64 result (the count of valid targets). A dense tensor stored in another order (a
+    channels-last activation) is first permuted into its memory order, a view with no copy: a
+    reduction over every element does not depend on the order it visits them in (ATen's visits
+    memory order too). Left alone: empty tensors (sum 0, mean NaN, max raises), integer means and
+    extremes, inputs with gaps or overlaps (no flat view holds exactly their values), and (by the
+    planner) rows longer than 65536, which ATen splits across blocks. Of a kernel's
     output of rank 2 or more the flat view is a kernel boundary: the reduction then runs as a
     generated kernel of its own, as ATen's did."""
-    count = 0
+    count, memo, recomputed = 0, {}, _recomputed_for_columns(gm)
     for node in list(gm.graph.nodes):
         row_op = _FULL.get(getattr(node, "target", None)) if node.op == "call_function" else None
         if row_op is None or not _over_every_dim(node):
@@ -303,10 +306,20 @@ def full_reductions_as_rows(gm: fx.GraphModule) -> int:
             continue  # (a named dim of a 1-D tensor: already a row reduction)
         if not (hasattr(src, "fake_mode")
                 and (src.is_floating_point() or row_op is aten.sum.dim_IntList)
-                and all(isinstance(s, int) for s in src.shape) and src.numel() > 0 and src.is_contiguous()):
+                and all(isinstance(s, int) for s in src.shape) and src.numel() > 0):
+            continue
+        order = _memory_order(src)
+        if order is None:
             continue
         b = _Builder(gm, node, val)
-        flat = node.args[0] if src.dim() == 1 else b.op(aten.view.default, node.args[0], [src.numel()])
+        flat = node.args[0]
+        if order != list(range(src.dim())):
+            try:  # a pointwise chain is recomputed on permuted operands: it stays the row kernel's prologue
+                flat = _permuted(b, flat, order, recomputed, memo)
+            except ValueError:  # an operand of higher rank: permute the value itself
+                flat = b.op(aten.permute.default, flat, order)
+        if src.dim() != 1:
+            flat = b.op(aten.view.default, flat, [src.numel()])
         extra = {"dtype": node.kwargs["dtype"]} if node.kwargs.get("dtype") is not None else {}
         new = b.op(row_op, flat, [-1], False, **extra)
         if tuple(val.shape) != ():  # keepdim: ones in every dim
@@ -314,6 +327,16 @@ def full_reductions_as_rows(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(new)
         count += 1
     return _cleanup(gm, count)
+
+
+def _memory_order(t) -> list | None:
+    """The permutation of ``t``'s dims that makes it contiguous (its dims in memory order, outermost
+    first: (0, 2, 3, 1) for a channels-last 4-D tensor; the identity for a contiguous one), or None
+    where no permutation does (gaps, overlaps, a slice)."""
+    if t.is_contiguous():
+        return list(range(t.dim()))
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))  # size-1 dims: any place
+    return order if t.permute(order).is_contiguous() else None
 
 
 def conv_biases_as_adds(gm: fx.GraphModule) -> int:
@@ -837,12 +860,13 @@ def _recomputed_for_columns(gm: fx.GraphModule):
 def _stored_anyway(node, position: dict) -> bool:
     """Is ``node`` in memory whatever the column reductions do: read by the graph's output or an
     ATen op (through views), or by a pointwise op that also reads an ATen op's result computed
-    from ``node`` (no kernel spans the ATen op: ``node`` is written before it)? Sums and means do
-    not count (these rewrites may restate them as column reductions)."""
+    from ``node`` (no kernel spans the ATen op: ``node`` is written before it)? Sums, means and
+    reductions over every element do not count (these rewrites may restate them as column or row
+    reductions)."""
     for user in node.users:
         if user.op == "output":
             return True
-        if user.op != "call_function" or user.target in _TRAILING or user.target in _VARIANCES:
+        if user.op != "call_function" or user.target in _TRAILING or user.target in _VARIANCES or user.target in _FULL:
             continue
         kind = fusion.classify(user)[0]
         if kind == "eager" or (kind == "view" and _stored_anyway(user, position)):

@@ -1347,3 +1347,24 @@ def test_rope_backward_rotates_sin_inside_the_gradients_kernel():
     assert_close(results[1][1], results[0][1], what="rope gradient")
     backward = [graph for graph in klc.explain(step, x, cos, sin).graphs if graph.kind == "backward"][0]
     assert len(backward.groups) == 1, [g.ops for g in backward.groups]
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "amax"])
+def test_a_full_reduction_of_a_channels_last_tensor_is_a_generated_row(op):
+    """A reduction over every element of a tensor stored channels-last (a loss over a conv's
+    activation, ``x.sum()``) went to ATen ("neither over the last dim nor over all the leading
+    dims"): the flat view of a non-contiguous tensor does not exist. Permuted into memory order
+    first (a view; the pointwise chain recomputed on permuted operands) it is the row template's,
+    in as many kernels as for a contiguous tensor (a sum or mean with its chain as prologue: one;
+    an extreme's chain is a kernel before it in both)."""
+    def f(x):
+        return getattr(torch, op)(x * 2 + 1)
+
+    x = _r(2, 5, 4, 3)
+    with torch.no_grad():
+        contiguous = [k.name for k in klc.plan_kernels(f, (x,))]
+        x = x.to(memory_format=torch.channels_last)
+        names = [k.name for k in klc.plan_kernels(f, (x,))]
+    assert all(n.startswith("kl_") for n in names) and names == contiguous, (names, contiguous)
+    assert len(names) == (1 if op != "amax" else 2), names
+    _gradients_and_values_as_eager(f, [x], torch.tensor(0.7))
