@@ -517,6 +517,16 @@ def test_a_loss_function_of_other_math_is_left_alone():
     assert any(s.kind == "loss" and "neither causal nor token" in s.reason for s in report.skipped)
 
 
+def test_a_classification_loss_is_refused_as_not_a_token_loss():
+    """HF's image and sequence classifiers call ``self.loss_function`` too, with (labels,
+    pooled_logits, config): the probe's token-loss call raises TypeError, reported in words."""
+    config = transformers.ViTConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                                    image_size=16, patch_size=8, num_labels=3)
+    report = kernelab.patch(transformers.ViTForImageClassification(config))
+    reasons = [s.reason for s in report.skipped if s.kind == "loss"]
+    assert reasons and "is not a token cross-entropy" in reasons[0], reasons
+
+
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_fused_lm_head_equals_unpatched_and_holds_no_logits(name, monkeypatch):
     model, inputs = _build(name)

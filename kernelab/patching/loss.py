@@ -108,7 +108,11 @@ def _matching_formula(loss_function) -> tuple[str | None, str]:
         with torch.no_grad():
             outs = [loss_function(logits=logits, labels=labels, vocab_size=_VOCAB, num_items_in_batch=n)
                     for n in (None, num_items)]
-    except Exception as exc:  # noqa: BLE001 - a signature we do not know: leave it
+    except TypeError as exc:  # another signature: a classification or CTC loss, not a token loss
+        name = getattr(loss_function, "__name__", type(loss_function).__name__)
+        return None, (f"loss_function {name} is not a token cross-entropy: it does not take (logits, labels, "
+                      f"vocab_size) ({str(exc).splitlines()[0][:80]})")
+    except Exception as exc:  # noqa: BLE001 - it raised on the probe's inputs: leave it
         return None, f"probe raised {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
     errors = {}
     for formula in (CAUSAL, TOKEN):
