@@ -77,47 +77,42 @@ if [ "${CALL:-2}" = 5 ]; then  # stop 39: the GPU files stop 38 left unrun under
     grep "^==\|graph calls\|failed" "$OUT/zoo_profile_t5_runner_threads.log" | cut -c1-260
     exit 0
 fi
-if [ "${CALL:-2}" = 9 ]; then  # stop 42: the fixes CALL=8's plans found, measured (H100 or H200)
-    timeout "$(left 120)" python3 -m pytest tests/gpu/test_fast_runner_gpu.py tests/gpu/test_conv_layout_gpu.py tests/gpu/test_reuse_gpu.py -q \
-        -p no:cacheprovider -W ignore -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
+gpu_tests() {  # the runner, conv-layout and reuse GPU tests (calls 9 and 11)
+    timeout "$(left "$1")" python3 -m pytest tests/gpu/test_fast_runner_gpu.py tests/gpu/test_conv_layout_gpu.py \
+        tests/gpu/test_reuse_gpu.py -q -p no:cacheprovider -W ignore -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
     echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | head -10
-    timeout "$(left 150)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext" convnext:infer --modes inductor,kernelab \
-        --top 25 > "$OUT/zoo_profile_convnext_infer.log" 2>&1
-    echo "zoo_profile convnext:infer rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_convnext_infer.log" | cut -c1-230
-    timeout "$(left 150)" python3 benchmarks/zoo_profile.py "$OUT/zp_gpt2" gpt2:infer --modes inductor,kernelab \
-        --top 12 --memory > "$OUT/zoo_profile_gpt2_infer_memory.log" 2>&1
-    echo "zoo_profile gpt2:infer --memory rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_gpt2_infer_memory.log" | cut -c1-230
-    timeout "$(left 200)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext_train" convnext:train --modes inductor,kernelab \
-        --top 25 > "$OUT/zoo_profile_convnext_train.log" 2>&1
-    echo "zoo_profile convnext:train rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_convnext_train.log" | cut -c1-230
+}
+profile() {  # LIMIT_S NAME:STEP LOG [zoo_profile options]: both compilers, the summary lines echoed
+    local limit="$1" spec="$2" log="$3"; shift 3
+    timeout "$(left "$limit")" python3 benchmarks/zoo_profile.py "$OUT/zp_${spec%%:*}" "$spec" --modes inductor,kernelab \
+        "$@" > "$OUT/$log" 2>&1
+    echo "zoo_profile $spec rc=$? (${SECONDS}s)"; grep "^==" "$OUT/$log" | cut -c1-230
+}
+plans() {  # LIMIT_S NAME:STEP...: the GPU's own plans and runner sources (zoo_plan_gpu.py)
+    local limit="$1"; shift
+    timeout "$(left "$limit")" python3 benchmarks/zoo_plan_gpu.py "$OUT/plans" "$@" > "$OUT/zoo_plan_gpu.log" 2>&1
+    echo "zoo_plan_gpu rc=$? (${SECONDS}s)"; grep -v "Warning\|warn" "$OUT/zoo_plan_gpu.log" | tail -5
+    grep -H "generated kernel" "$OUT"/plans/*_explain.txt | cut -c1-200
+}
+if [ "${CALL:-2}" = 9 ]; then  # stop 42: the fixes CALL=8's plans found, measured (H100 or H200)
+    gpu_tests 120
+    profile 150 convnext:infer zoo_profile_convnext_infer.log --top 25
+    profile 150 gpt2:infer zoo_profile_gpt2_infer_memory.log --top 12 --memory
+    profile 200 convnext:train zoo_profile_convnext_train.log --top 25
     rm -rf "$OUT"/zp_*
     exit 0
 fi
 if [ "${CALL:-2}" = 11 ]; then  # stop 43: calls 9 and 10 in one call
-    timeout "$(left 100)" python3 -m pytest tests/gpu/test_fast_runner_gpu.py tests/gpu/test_conv_layout_gpu.py tests/gpu/test_reuse_gpu.py -q \
-        -p no:cacheprovider -W ignore -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
-    echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | head -10
-    timeout "$(left 130)" python3 benchmarks/zoo_profile.py "$OUT/zp_convnext" convnext:infer --modes inductor,kernelab \
-        --top 25 > "$OUT/zoo_profile_convnext_infer.log" 2>&1
-    echo "zoo_profile convnext:infer rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_convnext_infer.log" | cut -c1-230
-    timeout "$(left 130)" python3 benchmarks/zoo_profile.py "$OUT/zp_gpt2" gpt2:infer --modes inductor,kernelab \
-        --top 12 --memory > "$OUT/zoo_profile_gpt2_infer_memory.log" 2>&1
-    echo "zoo_profile gpt2:infer --memory rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_gpt2_infer_memory.log" | cut -c1-230
-    timeout "$(left 250)" python3 benchmarks/zoo_plan_gpu.py "$OUT/plans" mixtral:train t5:infer llama:train \
-        > "$OUT/zoo_plan_gpu.log" 2>&1
-    echo "zoo_plan_gpu rc=$? (${SECONDS}s)"; grep -v "Warning\|warn" "$OUT/zoo_plan_gpu.log" | tail -5
-    grep -H "generated kernel" "$OUT"/plans/*_explain.txt | cut -c1-200
+    gpu_tests 100
+    profile 130 convnext:infer zoo_profile_convnext_infer.log --top 25
+    profile 130 gpt2:infer zoo_profile_gpt2_infer_memory.log --top 12 --memory
+    plans 250 mixtral:train t5:infer llama:train
     rm -rf "$OUT"/zp_*
     exit 0
 fi
 if [ "${CALL:-2}" = 10 ]; then  # stop 43: where Mixtral's, T5's and Llama's extra kernels are
-    timeout "$(left 330)" python3 benchmarks/zoo_plan_gpu.py "$OUT/plans" mixtral:train t5:infer llama:train mixtral:infer \
-        > "$OUT/zoo_plan_gpu.log" 2>&1
-    echo "zoo_plan_gpu rc=$? (${SECONDS}s)"; grep -v "Warning\|warn" "$OUT/zoo_plan_gpu.log" | tail -5
-    grep -H "generated kernel" "$OUT"/plans/*_explain.txt | cut -c1-200
-    timeout "$(left 200)" python3 benchmarks/zoo_profile.py "$OUT/zp_mixtral" mixtral:train --modes inductor,kernelab \
-        --top 40 > "$OUT/zoo_profile_mixtral_train.log" 2>&1
-    echo "zoo_profile mixtral:train rc=$? (${SECONDS}s)"; grep "^==" "$OUT/zoo_profile_mixtral_train.log" | cut -c1-230
+    plans 330 mixtral:train t5:infer llama:train mixtral:infer
+    profile 200 mixtral:train zoo_profile_mixtral_train.log --top 40
     rm -rf "$OUT"/zp_*
     exit 0
 fi
