@@ -603,7 +603,7 @@ class GroupRunner:
         if any(pieces) or scatters:  # coordinates of given dims matter (a cat's, a gather's, a scatter's)
             sizes, strides = list(shape), [list(t.stride()) for t in ins + walked]
         else:
-            order = _iteration_order(outs[0] if outs else ins[0])
+            order = layout.memory_order(outs[0] if outs else ins[0])
             sizes, strides = _collapse([shape[d] for d in order], [[t.stride(d) for d in order] for t in ins + outs])
         numel = math.prod(sizes)
         # gather sources and scatter buffers: an index may reach any of their elements
@@ -882,18 +882,13 @@ def _scatter_strides(outs, scatters: dict) -> list[int]:
     return out
 
 
-def _iteration_order(t: torch.Tensor) -> list[int]:
-    """Dims from outermost to innermost in ``t``'s memory order (stable for ties)."""
-    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), -d)) if t.dim() else []
-
-
 def _alloc(node, shape, device, row_stride: int | None = None) -> torch.Tensor:
     """A pointwise output in the layout eager would give it (the dense layout its meta value has),
     or row-major with rows ``row_stride`` apart (``layout.py``)."""
     meta = fusion.value(node)
     if row_stride is not None and list(shape) == list(meta.shape):
         return torch.empty_strided(shape, layout.padded_strides(shape, row_stride), dtype=meta.dtype, device=device)
-    order = _iteration_order(meta) if meta.dim() == len(shape) else list(range(len(shape)))
+    order = layout.memory_order(meta) if meta.dim() == len(shape) else list(range(len(shape)))
     if sorted(order) != list(range(len(shape))) or meta.is_contiguous():
         return torch.empty(shape, dtype=meta.dtype, device=device)
     perm_shape = [shape[d] for d in order]

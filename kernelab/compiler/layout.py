@@ -33,7 +33,7 @@ import torch.fx as fx
 from .. import config
 from . import fusion
 
-__all__ = ["PAD_MIN_COLS", "ALIGN_BYTES", "PAD_N", "MATMULS", "padded_cols", "pads_columns", "Padding", "plan",
+__all__ = ["memory_order", "PAD_MIN_COLS", "ALIGN_BYTES", "PAD_N", "MATMULS", "padded_cols", "pads_columns", "Padding", "plan",
            "copies_as_kernels", "visible",
            "PaddedProduct", "WidenedProduct", "padded_copy", "traced_layout", "enabled"]
 
@@ -413,3 +413,9 @@ def padded_copy(t: torch.Tensor, n_pad: int) -> torch.Tensor:
     full[..., t.shape[-1]:].zero_()
     out = full[..., :t.shape[-1]]
     return out.copy_(t)
+
+
+def memory_order(t: torch.Tensor) -> list[int]:
+    """``t``'s dims from outermost to innermost in memory (by stride, ties: the later dim inner):
+    (0, 2, 3, 1) for a channels-last 4-D tensor, the identity for a contiguous one."""
+    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), -d)) if t.dim() else []

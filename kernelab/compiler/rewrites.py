@@ -29,7 +29,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from . import fusion, ops_table
+from . import fusion, layout, ops_table
 
 __all__ = ["one_hot_indexing", "multiplications_by_one", "unsqueezed_repeats", "pads_as_cats", "slices_through_cats", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
@@ -330,12 +330,11 @@ def full_reductions_as_rows(gm: fx.GraphModule) -> int:
 
 
 def _memory_order(t) -> list | None:
-    """The permutation of ``t``'s dims that makes it contiguous (its dims in memory order, outermost
-    first: (0, 2, 3, 1) for a channels-last 4-D tensor; the identity for a contiguous one), or None
-    where no permutation does (gaps, overlaps, a slice)."""
+    """The permutation of ``t``'s dims that makes it contiguous (``layout.memory_order``), or None
+    where none does (gaps, overlaps, a slice)."""
     if t.is_contiguous():
         return list(range(t.dim()))
-    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))  # size-1 dims: any place
+    order = layout.memory_order(t)
     return order if t.permute(order).is_contiguous() else None
 
 
