@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """The host time kernelab's compiled runners add to a step, on the CPU, launches stubbed.
 
-    TRITON_INTERPRET=1 python benchmarks/compiler_host_cpu.py [--models vit,bert,resnet] [--steps 20]
+    TRITON_INTERPRET=1 python benchmarks/compiler_host_cpu.py [--models vit,bert,gpt2:infer] [--steps 20]
                                                               [--repeats 5] [--profile MODEL] [--out FILE]
 
-A zoo model's training step at its tiny size, compiled with ``backend="kernelab"`` on CPU tensors:
+A zoo model's training step (``NAME`` or ``NAME:train``; ``NAME:infer``: its forward under
+``no_grad``, the inference graph) at its tiny size, compiled with ``backend="kernelab"`` on CPU tensors:
 the first two steps run for real (Triton's interpreter), then every launch takes the path a GPU's
 cached call takes (``group_runner._DirectLaunch.launch``: its specialization key, launch hooks,
 stream) with a no-op in place of the driver's launch, so that the kernels' outputs are left as
@@ -90,12 +91,22 @@ def stub_launches(filtering: bool = False) -> None:
     gr.GroupRunner.first_launch = first_launch
 
 
-def _step_of(name: str):
+def _step_of(spec: str):
+    """A zoo model's step at its tiny size: ``name`` or ``name:train`` a training step,
+    ``name:infer`` its forward in eval mode under ``torch.no_grad`` (the inference graph)."""
     from kernelab.zoo import ZOO
 
+    name, _, kind = spec.partition(":")
     zm = ZOO[name]
     model, inputs = zm.build("tiny")
     compiled = torch.compile(model, backend="kernelab")
+    if kind == "infer":
+        model.eval()
+
+        def infer():
+            with torch.no_grad():
+                zm.forward(compiled, inputs)
+        return infer
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -149,8 +160,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from kernelab.zoo import ZOO
 
-    unknown = sorted(set(m for m in args.models.split(",") if m) - set(ZOO))
-    if unknown or (args.profile and args.profile not in ZOO):
+    def known(spec: str) -> bool:
+        name, _, kind = spec.partition(":")
+        return name in ZOO and kind in ("", "train", "infer")
+
+    unknown = sorted(m for m in args.models.split(",") if m and not known(m))
+    if unknown or (args.profile and not known(args.profile)):
         ap.error(f"unknown model: {', '.join(unknown or [args.profile])} (the zoo has {', '.join(sorted(ZOO))})")
     if args.steps < 1 or args.repeats < 1:
         ap.error("--steps and --repeats must be at least 1")

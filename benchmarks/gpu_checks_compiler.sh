@@ -45,6 +45,13 @@
 # step profiled under both compilers (which kernels each launches, by name).
 # Call 11 (CALL=11, stop 43): calls 9 and 10 in one, for a session whose budget refusals had eaten: the GPU
 # tests, ConvNeXt-T inference and GPT-2's inference memory, then the GPU's plans of Mixtral, T5 and Llama.
+# Run in stop 44 on an H100 (results/*_stop44_h100.txt); its Mixtral plans did not come back (too many files).
+# Call 12 (CALL=12, stop 44): Mixtral's plans again (one archive), its training step's kernels by name under
+# both compilers, GPT-2's inference host time by function (cProfile): kernelab's host 6.6 ms vs 3.0, and
+# T5's inference with its position-bias buckets proved (their embeddings generated gathers, no longer ATen's).
+# Call 13 (CALL=13, stop 44): the gather and scatter GPU tests, then Mixtral's and T5's training steps
+# (models.py: eager, Inductor, kernelab; time, kernels, loss and gradients against eager) after the
+# bfloat16 scatters accumulate in float32 in generated kernels.
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -108,6 +115,24 @@ if [ "${CALL:-2}" = 11 ]; then  # stop 43: calls 9 and 10 in one call
     profile 130 gpt2:infer zoo_profile_gpt2_infer_memory.log --top 12 --memory
     plans 250 mixtral:train t5:infer llama:train
     rm -rf "$OUT"/zp_*
+    exit 0
+fi
+if [ "${CALL:-2}" = 12 ]; then  # stop 44: Mixtral's extra kernels, GPT-2's inference host time
+    plans 160 mixtral:train mixtral:infer
+    tar czf "$OUT/plans.tgz" -C "$OUT" plans && rm -rf "$OUT/plans"
+    profile 130 mixtral:train zoo_profile_mixtral_train.log --top 60
+    profile 120 gpt2:infer zoo_profile_gpt2_infer_cprofile.log --top 20 --cprofile
+    profile 120 t5:infer zoo_profile_t5_infer.log --top 30
+    rm -rf "$OUT"/zp_*
+    exit 0
+fi
+if [ "${CALL:-2}" = 13 ]; then  # stop 44: half-precision scatters accumulated in float32, T5's buckets proved
+    timeout "$(left 120)" python3 -m pytest tests/gpu/test_gathers_gpu.py tests/gpu/test_scatter_gpu.py -q \
+        -p no:cacheprovider -W ignore -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
+    echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | head -10
+    timeout "$(left 420)" python3 benchmarks/models.py "$OUT/models" --only mixtral,t5 --modes eager,inductor,kernelab \
+        --steps train --budget-s 380 > "$OUT/models.log" 2>&1
+    echo "models rc=$? (${SECONDS}s)"; tail -12 "$OUT/models.log" | cut -c1-230
     exit 0
 fi
 if [ "${CALL:-2}" = 10 ]; then  # stop 43: where Mixtral's, T5's and Llama's extra kernels are

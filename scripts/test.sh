@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Command 2 of the README: set everything up, then run the test suite (Triton kernels under the interpreter).
+if [ -n "${KERNELAB_TEST_WORKERS+x}" ] && ! [[ "$KERNELAB_TEST_WORKERS" =~ ^[0-9]+$ ]]; then
+    echo "scripts/test.sh: KERNELAB_TEST_WORKERS must be a whole number of pytest workers (0: one process), not '$KERNELAB_TEST_WORKERS'" >&2
+    exit 2
+fi
 . "$(dirname "$0")/_env.sh"
 export TRITON_INTERPRET=1
 # One pytest worker per core (pytest-xdist), at most 4: every worker holds its own torch, transformers

@@ -161,8 +161,23 @@ def _arithmetic(node: fx.Node) -> tuple[float, float] | None:
         pick = min if target is aten.minimum.default else max
         return (pick(a[0], b[0]), pick(a[1], b[1]))
     if target is aten.where.self:
-        a, b = bounds(args[1]), bounds(args[2])
-        return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
+        return _where(node)
+    if target in _COMPARISONS:
+        return (0.0, 1.0)
+    if target is aten.abs.default:
+        a = bounds(args[0])
+        if a is None:
+            return None
+        low = 0.0 if a[0] <= 0.0 <= a[1] else min(abs(a[0]), abs(a[1]))
+        return (low, max(abs(a[0]), abs(a[1])))
+    if target is aten.neg.default:
+        a = bounds(args[0])
+        return None if a is None else (-a[1], -a[0])
+    if target is aten.log.default:
+        a = bounds(args[0])  # monotone; log(0) = -inf proves nothing
+        return None if a is None or a[0] <= 0.0 else _rounded(node, (math.log(a[0]), math.log(a[1])))
+    if target in (aten.div.Tensor, aten.div.Scalar) and _is_float(node):
+        return _quotient(node, bounds(args[0]), bounds(args[1]))
     if target in (aten.div.Tensor_mode, aten.div.Scalar_mode, aten.floor_divide.default):
         return _divided(node)
     if target in (aten.remainder.Scalar, aten.remainder.Tensor) and not _is_float(node):
@@ -171,6 +186,112 @@ def _arithmetic(node: fx.Node) -> tuple[float, float] | None:
     if target in (aten.fmod.Scalar, aten.fmod.Tensor) and not _is_float(node):
         return _fmod(bounds(args[0]), bounds(args[1]))
     return None
+
+
+#: comparisons and logical ops: booleans, 0 or 1
+_COMPARISONS = {aten.lt.Scalar, aten.lt.Tensor, aten.le.Scalar, aten.le.Tensor, aten.gt.Scalar, aten.gt.Tensor,
+                aten.ge.Scalar, aten.ge.Tensor, aten.eq.Scalar, aten.eq.Tensor, aten.ne.Scalar, aten.ne.Tensor,
+                aten.logical_and.default, aten.logical_or.default, aten.logical_not.default}
+
+
+def _quotient(node, a, b) -> tuple[float, float] | None:
+    """True division by a divisor whose range excludes 0 (the quotient is monotone in each
+    operand on either side of it)."""
+    if a is None or b is None or b[0] <= 0.0 <= b[1]:
+        return None
+    quotients = [x / y for x in a for y in b]
+    return _rounded(node, (min(quotients), max(quotients)))
+
+
+def _where(node: fx.Node) -> tuple[float, float] | None:
+    """where(cond, a, b): the union of a's and b's ranges, each proved under its side of the
+    condition where the condition compares a node with a constant. T5's relative-position buckets
+    take ``where(p < max_exact, p, max_exact + log(p / max_exact) * ...)``: the log's argument is
+    at least 1 only on the side where the where reads it (unconditionally, log(0) would prove
+    nothing)."""
+    cond, a, b = node.args[:3]
+    sides = _condition_sides(cond)
+    found = [None if side is False else _bounds_assuming(branch, side)
+             for branch, side in zip((a, b), sides)]
+    taken = [f for f, side in zip(found, sides) if side is not False]
+    if not taken or any(f is None for f in taken):
+        return None
+    return (min(f[0] for f in taken), max(f[1] for f in taken))
+
+
+_ORDERS = {aten.lt.Scalar: "lt", aten.lt.Tensor: "lt", aten.le.Scalar: "le", aten.le.Tensor: "le",
+           aten.gt.Scalar: "gt", aten.gt.Tensor: "gt", aten.ge.Scalar: "ge", aten.ge.Tensor: "ge"}
+_MIRRORED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}  # c < x is x > c
+
+
+def _condition_sides(cond) -> tuple:
+    """(what holds where ``cond`` is true, where it is false): each None (nothing known), False
+    (that side never happens), or ``(x, (low, high))``: node x's range on that side. Only a
+    comparison of a node of proved range with a constant says something."""
+    if not (isinstance(cond, fx.Node) and cond.target in _ORDERS and len(cond.args) == 2):
+        return (None, None)
+    x, c = cond.args
+    op = _ORDERS[cond.target]
+    if not isinstance(x, fx.Node):
+        x, c, op = c, x, _MIRRORED[op]
+    known, limit = bounds(x), bounds(c)
+    if not isinstance(x, fx.Node) or known is None or limit is None or limit[0] != limit[1]:
+        return (None, None)
+    c, lo, hi = limit[0], known[0], known[1]
+    if _is_float(x):  # floats: the closed bound (a superset of each side)
+        below_lt = below_le = above_gt = above_ge = c
+    else:  # integers: x < c is x <= ceil(c) - 1, x > c is x >= floor(c) + 1
+        below_lt, below_le = math.ceil(c) - 1, math.floor(c)
+        above_gt, above_ge = math.floor(c) + 1, math.ceil(c)
+    ranges = {"lt": (lo, min(hi, below_lt)), "le": (lo, min(hi, below_le)),
+              "gt": (max(lo, above_gt), hi), "ge": (max(lo, above_ge), hi)}
+    negation = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt"}
+    return tuple(False if r[0] > r[1] else (x, (float(r[0]), float(r[1]))) for r in (ranges[op], ranges[negation[op]]))
+
+
+def _bounds_assuming(node, side) -> tuple[float, float] | None:
+    """``bounds(node)`` where ``side`` = (x, range) holds: x's proof replaced by the range while
+    the nodes between x and ``node`` are proved again, then every proof as it was."""
+    if side is None or not isinstance(node, fx.Node):
+        return bounds(node)
+    x, known = side
+    if node is x:
+        return known
+    between = _between(x, node)
+    if not between:
+        return bounds(node)
+    saved = {n: n.meta.pop("kl_bounds", _UNPROVED) for n in (x, *between)}
+    x.meta["kl_bounds"] = known
+    try:
+        return bounds(node)
+    finally:
+        for n, found in saved.items():
+            n.meta.pop("kl_bounds", None)
+            if found is not _UNPROVED:
+                n.meta["kl_bounds"] = found
+
+
+_UNPROVED = object()
+
+
+def _between(x: fx.Node, node: fx.Node) -> set:
+    """The nodes on a path from ``x`` to ``node`` (``node`` included, ``x`` not)."""
+    above, stack = set(), [node]
+    while stack:  # node's ancestors
+        n = stack.pop()
+        if n in above:
+            continue
+        above.add(n)
+        stack.extend(n.all_input_nodes)
+    if x not in above:
+        return set()
+    between, stack = set(), [x]
+    while stack:  # x's descendants among them
+        for user in stack.pop().users:
+            if user in above and user not in between:
+                between.add(user)
+                stack.append(user)
+    return between
 
 
 def _fmod(a, n) -> tuple[float, float] | None:

@@ -33,7 +33,8 @@ from . import fusion, layout, ops_table
 
 __all__ = ["one_hot_indexing", "multiplications_by_one", "unsqueezed_repeats", "pads_as_cats", "slices_through_cats", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
-           "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "small_sums_as_adds",
+           "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "half_precision_scatters_in_float32",
+           "small_sums_as_adds",
            "inputs_in_row_space", "trailing_reductions_as_rows",
            "conv_biases_as_adds", "clones_read_through_permutes", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norm_forwards_decomposed", "batch_norms_in_place", "cuda_clamps_without_nan_bounds", "gathers_before_casts",
@@ -58,7 +59,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             + trailing_reductions_as_rows(gm) + prologues_in_row_space(gm) + aranges_as_constants(gm)
             + one_hot_indexing(gm) + casts_through_views(gm) + gathers_before_casts(gm)
             + unsqueezes_toward_inputs(gm) + index_puts_in_place(gm)
-            + scatter_sums_into_one_buffer(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
+            + scatter_sums_into_one_buffer(gm) + half_precision_scatters_in_float32(gm) + inputs_in_row_space(gm) + conv_biases_as_adds(gm)
             + clones_read_through_permutes(gm)
             + slices_through_products(gm) + negated_cat_pieces(gm) + cats_of_products(gm) + broadcast_cats_expanded(gm)
             + casts_through_views(gm, squeezes=True) + permuted_trees_into_copies(gm) + pointwise_into_copies(gm))
@@ -2092,6 +2093,63 @@ def scatter_sums_into_one_buffer(gm: fx.GraphModule) -> int:
     if count:
         gm.recompile()
     return count
+
+
+def half_precision_scatters_in_float32(gm: fx.GraphModule) -> int:
+    """Accumulating scatters of float16 / bfloat16 values into a zero fill (a chain of them into
+    one buffer) -> the same scatters of the values cast to float32 into a float32 zero fill, cast
+    back once at the end. Atomic adds are generated in float32 only, so Mixtral's expert outputs,
+    scattered back to their tokens in bfloat16 in the backward, ran ATen's sorting ``index_put_``
+    (radix sorts, a histogram and its own kernel, four times a step on the H100) where Inductor
+    accumulates in float32. The sums are at least as exact (one rounding at the end). Only where
+    the float32 scatters are then generated (``fusion.classify``: indices proved in range); deterministic algorithms keep ATen's sorted kernel."""
+    if torch.are_deterministic_algorithms_enabled():
+        return 0
+    count = 0
+    for fill in list(gm.graph.nodes):
+        chain = _half_precision_scatter_chain(fill)
+        if not chain:
+            continue
+        last = chain[-1]
+        b = _Builder(gm, last, fusion.value(last))
+        try:
+            buffer = b.op(fill.target, *fill.args, **{**fill.kwargs, "dtype": torch.float32})
+            for scatter in chain:
+                values = b.op(prims.convert_element_type.default, scatter.args[2], torch.float32)
+                buffer = b.op(aten.index_put_.default, buffer, scatter.args[1], values, True)
+                kind, why = fusion.classify(buffer)  # (marks it a generated scatter: the next one's base)
+                if kind != "scatter":
+                    raise ValueError(why)
+            result = b.op(prims.convert_element_type.default, buffer, fusion.value(last).dtype)
+        except (RuntimeError, ValueError):
+            b.undo()
+            continue
+        last.replace_all_uses_with(result)
+        for scatter in reversed(chain):
+            gm.graph.erase_node(scatter)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _half_precision_scatter_chain(fill) -> list:
+    """The accumulating ``index_put_`` chain into ``fill``, a float16 / bfloat16 zero fill of
+    static sizes that only the chain's first scatter reads, each scatter read only by the next
+    (the last by anything); [] where ``fill`` is not such a buffer."""
+    val = fusion.value(fill) if isinstance(fill, fx.Node) else None
+    if not (isinstance(val, torch.Tensor) and val.dtype in (torch.float16, torch.bfloat16)
+            and fill.op == "call_function" and fill.target is aten.full.default and len(fill.users) == 1
+            and fusion.is_constant(fill) and fusion.constant_value(fill) == 0
+            and all(isinstance(d, int) for d in val.shape)):
+        return []
+    chain, node = [], next(iter(fill.users))
+    while (node.op == "call_function" and node.target is aten.index_put_.default and len(node.args) >= 3
+           and fusion.accumulating_index_put(node) and node.args[0] is (chain[-1] if chain else fill)
+           and isinstance(node.args[2], fx.Node) and fusion.value(node.args[2]).dtype == val.dtype):
+        chain.append(node)
+        if len(node.users) != 1:
+            break
+        node = next(iter(node.users))
+    return chain
 
 
 def _private_scatter(node, reader) -> bool:

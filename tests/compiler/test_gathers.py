@@ -457,3 +457,75 @@ def test_embedding_backward_scatter_at_a_constant_index():
         grads.append((xx.grad, ww.grad))
     for a, b in zip(grads[1], grads[0]):
         assert rel_norm(a, b) < REL
+
+
+def test_a_where_proves_each_branch_under_its_side_of_the_condition():
+    """where(i < 3, i, f(i)): f is proved where i >= 3 only. log(i) of i in [0, 9] proves nothing
+    (log 0 = -inf); under i >= 3 it lies in [log 3, log 9]. An integer compared with a
+    non-integer constant: i > 2.5 is i >= 3, not i >= 3.5."""
+    def last_add(where_of):  # the where of where_of(i), i = arange(10) (traced with an unused input)
+        zero = torch.zeros((), dtype=torch.int64)
+        return _node(_graph(lambda z: where_of(torch.arange(10)) + z, zero), aten.where.self)
+
+    log = _node(_graph(lambda z: torch.log(torch.arange(10).float()) + z, torch.zeros(())), aten.log.default)
+    assert bounds.bounds(log) is None  # unconditionally: log(0)
+    assert bounds.bounds(last_add(lambda i: torch.where(i < 3, i, torch.log(i.float()).long()))) == (0.0, 2.0)
+    assert bounds.bounds(last_add(lambda i: torch.where(i > 2.5, i - 3, 0))) == (0.0, 6.0)
+    assert bounds.bounds(last_add(lambda i: torch.where(2.5 < i, i - 4, 0))) == (-1.0, 5.0)  # constant on the left
+    assert bounds.bounds(last_add(lambda i: torch.where(i < 20, i, -i))) == (0.0, 9.0)  # the false side never is
+    def compared_with(z, y):
+        i = torch.arange(10)
+        return torch.where(i < y, i, torch.log(i.float()).long()) + z
+
+    y = _node(_graph(compared_with,
+                     torch.zeros((), dtype=torch.int64), torch.tensor(3)), aten.where.self)
+    assert bounds.bounds(y) is None  # log(0) again: compared with a tensor of unknown value, nothing is known
+
+
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["encoder", "decoder"])
+def test_t5_relative_position_buckets_are_proved_and_their_embedding_generated(bidirectional):
+    """T5's position bias: buckets computed from aranges through abs/min, a log and a where
+    (``T5Attention._relative_position_bucket``), then an embedding of (num_buckets, heads). The
+    buckets are proved within the table (stop 44; they were "indices from the data"), so the
+    lookup is a generated gather; values as eager's."""
+    transformers = pytest.importorskip("transformers")
+    bucket = transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket
+    table = torch.randn(8, 4)
+
+    def bias(x):
+        rel = torch.arange(16)[None, :] - torch.arange(16)[:, None]
+        b = bucket(rel, bidirectional=bidirectional, num_buckets=8, max_distance=20)
+        return F.embedding(b, table).permute(2, 0, 1).unsqueeze(0) + x
+
+    x = torch.randn(1, 4, 16, 16)
+    assert rel_norm(torch.compile(bias, backend="kernelab")(x), bias(x)) <= REL
+    torch._dynamo.reset()
+    plan = klc.explain(bias, x)
+    assert not [e for gp in plan.graphs for e in gp.eager if e[1] == "aten.embedding.default"]
+    assert [g for gp in plan.graphs for g in gp.groups if _gathers(g)]
+
+
+@pytest.mark.parametrize("chained", [False, True], ids=["one", "two_into_one_buffer"])
+def test_a_half_precision_scatter_accumulates_in_float32_in_a_generated_kernel(chained):
+    """A MoE's combine in float16: tokens gathered in a routing order, computed, and added back
+    into a zero fill at their positions (twice into one buffer: two experts). Atomic adds are
+    generated in float32 only, so the float16 scatter was ATen's sorting ``index_put_`` (on the
+    H100, Mixtral's backward: radix sorts, a histogram, its own kernel, four times a step); now it
+    is the same scatter of float32 values into a float32 buffer, in the kernel computing the
+    values, cast back once (``rewrites.half_precision_scatters_in_float32``)."""
+    def combine(x, w):
+        order = torch.argsort(x.sum(-1))
+        out = torch.zeros(x.shape, dtype=x.dtype).index_put_((order,), (x[order] * w).relu(), accumulate=True)
+        if chained:  # a sum of two scatters, each into its own fill: one buffer (scatter_sums_into_one_buffer)
+            out = out + torch.zeros(x.shape, dtype=x.dtype).index_put_((order.flip(0),), x[order] * w, accumulate=True)
+        return out * 2
+
+    x, w = torch.randn(64, 32, dtype=torch.float16), torch.randn(32, dtype=torch.float16)
+    got, want = torch.compile(combine, backend="kernelab")(x, w), combine(x, w)
+    assert got.dtype == torch.float16
+    assert rel_norm(got.float(), want.float()) <= 1e-3  # float16 rounding of each sum (eager's too)
+    torch._dynamo.reset()
+    plan = klc.explain(combine, x, w)
+    assert not [e for gp in plan.graphs for e in gp.eager if "index_put" in e[1]]
+    scatters = [g for gp in plan.graphs for g in gp.groups if any("index_put" in op for op in g.ops)]
+    assert len(scatters) == 1  # both scatters in the one kernel that owns the buffer
