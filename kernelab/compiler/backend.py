@@ -132,6 +132,11 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
     autocast = torch._C._is_any_autocast_enabled()  # aot_autograd turns it off around the compilers
     saved_bounds: dict = {}  # the forward's proofs of index ranges, for the backward (bounds.py)
     started = []  # the graphs handed to kernelab's compiler so far
+    # the first call's real inputs, for the inference graph's check while tracing, then dropped: the
+    # backward compiles later (at the first backward), and its compiler, holding them, kept them alive
+    # as long as the compiled function (GPT-2's second graph: the (tokens, vocab) logits, 785 MiB on
+    # the H100, held from the first step on)
+    examples = [example_inputs]
 
     def compiler(kind):
         def compile_fn(fx_gm, inputs):
@@ -154,7 +159,7 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
                 call, call.plan.cudagraphs = cudagraphs.wrap(call, fx_gm, inputs, kind, pairing)
                 if _debug() >= 1:
                     print(f"kernelab {kind} graph: CUDA graph {call.plan.cudagraphs}", file=sys.stderr)
-            elif kind == "inference" and not autocast and _wrapper_has_no_work(gm, inputs, example_inputs):
+            elif kind == "inference" and not autocast and examples and _wrapper_has_no_work(gm, inputs, examples[0]):
                 direct.append(call)
             return call
         return torch._disable_dynamo(compile_fn)  # a backward compiled inside a traced frame
@@ -203,6 +208,8 @@ def kernelab_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None 
         if layout_requests:  # eager runs the program as written
             conv_layout.undo(gm, layout_requests)
         return gm.forward
+    finally:
+        examples.clear()
     if layout_requests:
         _note(f"{sum(n.kwargs.get('memory_format') is not None for n in layout_requests)} convolution input(s) asked "
               "for channels-last (KERNELAB_CONV_LAYOUT=traced keeps the program's layouts)")

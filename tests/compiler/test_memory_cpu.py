@@ -145,3 +145,26 @@ def test_a_product_whose_views_were_copied_out_is_freed_before_the_end():
         peak, _ = mem.step_peak(lambda: compiled(x, w))
     product = 256 * 384 * 4
     assert peak <= eager_peak + 3 * product, (peak / product, eager_peak / product)
+
+
+def _loss_of_logits(logits, labels):
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def test_the_first_calls_inputs_are_not_kept_after_the_step():
+    """The backend kept the real tensors dynamo traced the graph with (the first call's inputs) in
+    the backward compiler's closure, as long as the compiled function lived: GPT-2's second graph
+    takes the (tokens, vocab) logits, so a step started with 785 MiB more than Inductor's on the
+    H100 (1.31 GiB allocated before the step against 0.55). Inputs are held only while tracing."""
+    import gc
+    import weakref
+
+    for backend in ("aot_eager", "kernelab"):  # the control: aot_autograd itself keeps nothing
+        torch._dynamo.reset()
+        loss = torch.compile(_loss_of_logits, backend=backend)
+        logits = torch.randn(2, 16, 128, requires_grad=True)
+        loss(logits, torch.randint(0, 128, (2, 16))).backward()
+        kept = weakref.ref(logits)
+        del logits
+        gc.collect()
+        assert kept() is None, f"{backend}: the first call's logits are still alive after the step"
