@@ -54,6 +54,10 @@
 # bfloat16 scatters accumulate in float32 in generated kernels.
 # Call 14 (CALL=14, stop 44): ConvNeXt-T's, Llama's and GPT-2's training steps (models.py), after stop 42's
 # clone and bias fixes (measured on inference only) and stop 44's changes.
+# Call 15 (CALL=15, stop 45): the recompute and reuse GPU tests, then GPT-2's and Llama's training steps
+# (models.py; CALL=16: Mixtral's and T5's) after a kernel recomputes short chains of another's ops (a causal LM's
+# mean cross-entropy: its count of kept labels shares the kernel of its sum of losses) and after
+# stop 44's fix of the first call's inputs kept alive (GPT-2's training peak).
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -134,6 +138,21 @@ if [ "${CALL:-2}" = 13 ]; then  # stop 44: half-precision scatters accumulated i
     echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | head -10
     timeout "$(left 420)" python3 benchmarks/models.py "$OUT/models" --only mixtral,t5 --modes eager,inductor,kernelab \
         --steps train --budget-s 380 > "$OUT/models.log" 2>&1
+    echo "models rc=$? (${SECONDS}s)"; tail -12 "$OUT/models.log" | cut -c1-230
+    exit 0
+fi
+if [ "${CALL:-2}" = 15 ]; then  # stop 45: recomputed chains, the first call's inputs freed
+    timeout "$(left 90)" python3 -m pytest tests/gpu/test_recompute_gpu.py tests/gpu/test_reuse_gpu.py -q \
+        -p no:cacheprovider -W ignore -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
+    echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | head -10
+    timeout "$(left 560)" python3 benchmarks/models.py "$OUT/models" --only gpt2,llama \
+        --modes eager,inductor,kernelab --steps train --budget-s 420 > "$OUT/models.log" 2>&1
+    echo "models rc=$? (${SECONDS}s)"; tail -12 "$OUT/models.log" | cut -c1-230
+    exit 0
+fi
+if [ "${CALL:-2}" = 16 ]; then  # stop 45: call 15's models, continued
+    timeout "$(left 560)" python3 benchmarks/models.py "$OUT/models" --only mixtral,t5 \
+        --modes eager,inductor,kernelab --steps train --budget-s 470 > "$OUT/models.log" 2>&1
     echo "models rc=$? (${SECONDS}s)"; tail -12 "$OUT/models.log" | cut -c1-230
     exit 0
 fi

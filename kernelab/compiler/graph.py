@@ -92,6 +92,7 @@ def partition(gm: fx.GraphModule) -> Partition:
     for node in gm.graph.nodes:
         if node.op == "call_function":
             state.place(node)
+    state.drop_unread_originals()
     _break_cycles(gm, state)
     for group in state.groups:
         _finish(group, state.group_of)
@@ -162,6 +163,12 @@ def _stores_in_place(group: Group, v: fx.Node, buf: fx.Node) -> bool:
     return group.kind == "column" and group.roles.get(v) == "col"
 
 
+#: at most this many ops (and views) of another kernel are recomputed in a kernel that reads them
+MAX_RECOMPUTED = 4
+#: ``_sibling_role`` of a reduction group merged into another of its shape: its nodes keep theirs
+KEEP_ROLES = "keep"
+
+
 class _State:
     def __init__(self, gm: fx.GraphModule):
         self.groups: list[Group] = []
@@ -172,6 +179,9 @@ class _State:
         self.index = {n: i for i, n in enumerate(gm.graph.nodes)}
         self.roots = views.alias_roots(gm)  # node -> the value whose memory it is
         self.root_readers: dict = {}  # an ATen value or input -> groups reading it through views
+        self.recomputed: dict = {}  # id(group) -> {node of another kernel: its copy in the group}
+        self.chains: dict = {}  # id(group) -> {node read: the chain recomputing it there}
+        self.copied: set = set()  # nodes recomputed somewhere (``drop_unread_originals``)
 
     def place(self, node: fx.Node) -> None:
         if COLUMN_TAG in node.meta:
@@ -194,8 +204,7 @@ class _State:
                 refused.append((node.name, f"not fused into {group.name}: it would depend on itself "
                                            "through a kernel outside the group"))
                 continue
-            self._add(group, node, role)
-            self._merge_siblings(group, node)
+            self._join(group, node, role)
             return
         self.refusals.extend(refused)  # kept only for nodes no producer's group could take
         if fusion.is_scatter(node) and fusion.is_scatter(node.args[0]):
@@ -209,8 +218,7 @@ class _State:
         shape = fusion.full_shape(node, kind)
         group = Group(len(self.groups), "reduction" if kind == "reduction" else "pointwise", shape)
         self.groups.append(group)
-        self._add(group, node, "full" if kind != "reduction" else "row")
-        self._merge_siblings(group, node)
+        self._join(group, node, "full" if kind != "reduction" else "row")
 
     def _place_column(self, node: fx.Node) -> None:
         """A column reduction or a node of its private prologue: into its cluster's group."""
@@ -262,6 +270,133 @@ class _State:
                 if group not in readers:
                     readers.append(group)
 
+    def _join(self, group: Group, node, role: str) -> None:
+        """``node`` into ``group``, its producers' groups merged in where they fit
+        (``_merge_siblings``), then what it still reads of other kernels recomputed where that
+        fits (``_recompute_producers``); when the node made the group a reduction, for all its
+        nodes: row values fit it now."""
+        kind = group.kind
+        self._add(group, node, role)
+        self._merge_siblings(group, node)
+        for n in [node] if group.kind == kind else list(group.nodes):
+            self._recompute_producers(group, n)
+
+    def _recompute_producers(self, group: Group, node) -> None:
+        """A short chain of another kernel's pointwise ops (and views of them) that reads one value
+        from memory is recomputed here rather than read: a mean cross-entropy's ``labels !=
+        ignore_index`` and ``where(kept, labels, 0)`` feed both its count of kept labels and the
+        loss's row kernel. Read from the counting kernel, they made that kernel a producer of the
+        loss's, and the two reductions of the same rows (the count, the sum of losses) could not
+        share a kernel; recomputed, they do (one kernel fewer, as Inductor's). The kernel reads the
+        chain's input where it read the chain's result: no more bytes for a one-input chain."""
+        for p in list(node.all_input_nodes):
+            chain = self._recomputable_chain(p, group)
+            if chain and not self._copy_chain(group, node, p, chain) and group.kind != "pointwise":
+                self.refusals.append((node.name, f"{p.name} not recomputed in {group.name}: a shape that "
+                                                 "fits neither the kernel's elements nor its rows"))
+
+    def _recomputable_chain(self, p, group: Group) -> list | None:
+        """The nodes (in graph order) computing ``p`` in other kernels, views of them included,
+        when they are at most ``MAX_RECOMPUTED`` pointwise ops and views that read exactly one
+        tensor from memory; else None. (Originals no reader is left to are dropped at the end:
+        ``drop_unread_originals``.)"""
+        chains = self.chains.setdefault(id(group), {})
+        if p in chains:  # copied for another reader already
+            return chains[p]
+        # views join the chain above its ops only (unsqueeze(where(...))): a view an op reads is
+        # in memory anyway, whatever kernel wrote its source
+        chain, leaves, stack, seen = [], set(), [(p, True)], set()
+        while stack:
+            n, top = stack.pop()
+            if n in seen or fusion.is_constant(n) or fusion.is_scalar(n):
+                continue
+            seen.add(n)
+            op = self._in_other_kernel(n, group)
+            if op or (top and self._view_of_other_kernel(n, group)):
+                chain.append(n)
+                stack.extend((a, top and not op) for a in n.all_input_nodes)
+            else:
+                leaves.add(n)
+        generated = [n for n in chain if n in self.group_of]
+        if not generated or len(chain) > MAX_RECOMPUTED or len(leaves) != 1 or \
+                any(leaf in self.group_of for leaf in leaves):
+            return None
+        chains[p] = sorted(chain, key=self.index.__getitem__)
+        return chains[p]
+
+    def _in_other_kernel(self, n, group: Group) -> bool:
+        other = self.group_of.get(n)
+        return other is not None and other is not group and other.kind in ("pointwise", "reduction") \
+            and other.roles.get(n) in ("full", "row") and fusion.classify(n)[0] == "pointwise" \
+            and not (fusion.is_cat(n) or fusion.is_gather(n) or fusion.is_scatter(n))
+
+    def _view_of_other_kernel(self, n, group: Group) -> bool:
+        if n in self.group_of or n.op != "call_function" or fusion.classify(n)[0] != "view":
+            return False
+        src = n.args[0]
+        return isinstance(src, fx.Node) and (self._in_other_kernel(src, group) or self._view_of_other_kernel(src, group))
+
+    def _copy_chain(self, group: Group, node, p, chain: list) -> bool:
+        """Copies of ``chain`` into ``group`` (once per group), ``node`` reading the copy of ``p``;
+        False (and nothing changed) where a copy or ``node`` would not fit the group."""
+        memo = self.recomputed.setdefault(id(group), {})
+        made = []
+        base = self.index[node]
+        for i, n in enumerate(chain):
+            place = base - 1 + (i + 1) / (len(chain) + 1)  # just before the reader, in chain order
+            if n in memo:
+                if self.index[memo[n]] > place:  # made for a later reader: moved before this one
+                    node.prepend(memo[n])
+                    self.index[memo[n]] = place
+                continue
+            with node.graph.inserting_before(node):
+                copy = node.graph.node_copy(n, lambda a: memo.get(a, a))
+            self.index[copy] = place
+            memo[n] = copy
+            self.copied.add(n)
+            made.append((n, copy))
+            role, _ = fusion.role_in(group, copy, fusion.classify(copy)[0])
+            if role is None:
+                return self._undo_copies(group, made)
+            self._add(group, copy, role)
+        node.replace_input_with(p, memo[p])
+        if fusion.role_in(group, node, fusion.classify(node)[0])[0] is None:
+            node.replace_input_with(memo[p], p)
+            return self._undo_copies(group, made)
+        group.nodes.sort(key=self.index.__getitem__)
+        for n in reversed(chain):  # an ATen view nobody reads any more is dropped
+            if not n.users and n not in self.group_of:
+                self.eager.pop(n, None)
+                n.graph.erase_node(n)
+        return True
+
+    def drop_unread_originals(self) -> None:
+        """A recomputed node that no reader is left to (every one took a copy) leaves its kernel,
+        and a kernel left with nothing, the plan: it would compute what nobody reads."""
+        for n in sorted(self.copied, key=self.index.__getitem__, reverse=True):
+            if n.users or n not in self.group_of:
+                continue
+            group = self.group_of.pop(n)
+            group.nodes.remove(n)
+            del group.roles[n]
+            n.graph.erase_node(n)
+            if not group.nodes:
+                self.groups.remove(group)
+        for i, g in enumerate(self.groups):
+            g.gid = i
+
+    def _undo_copies(self, group: Group, made: list) -> bool:
+        memo = self.recomputed[id(group)]
+        self.chains[id(group)].clear()  # (a chain that did not fit is looked at afresh)
+        for n, copy in reversed(made):
+            memo.pop(n, None)
+            if copy in group.roles:
+                group.nodes.remove(copy)
+                del group.roles[copy]
+                del self.group_of[copy]
+            copy.graph.erase_node(copy)
+        return False
+
     def _merge_siblings(self, group: Group, node) -> None:
         """Pointwise groups feeding ``node`` join its group when their shape fits: the same shape
         (x.sin() + y.cos()), or, into a reduction group, one value per row (rsqrt(var + eps)).
@@ -279,10 +414,12 @@ class _State:
                    if self.group_of.get(p) not in (group, other)):
                 continue
             for n in other.nodes:
-                group.roles[n] = role
+                group.roles[n] = other.roles[n] if role == KEEP_ROLES else role
                 self.group_of[n] = group
             group.nodes = sorted(group.nodes + other.nodes, key=self.index.__getitem__)
             self.groups.remove(other)
+            for n in other.nodes:
+                self._recompute_producers(group, n)
         for i, g in enumerate(self.groups):
             g.gid = i
 
@@ -291,6 +428,10 @@ class _State:
         """same shape: full; (..., 1) rows of a reduction: row; a smaller shape that broadcasts
         (a (S, S) mask for (B, S, S) scores): full, recomputed at every element, if nothing
         outside the two groups reads it."""
+        if other.kind == "reduction":
+            # reductions of the same rows share one pass over them (a mean cross-entropy's sum of
+            # losses and its count of kept labels: one kernel instead of two, as Inductor's)
+            return KEEP_ROLES if group.kind == "reduction" and other.shape == group.shape else None
         if other.kind != "pointwise" or fusion.has_scatter(other):
             return None  # (a scatter's buffer is complete only when its kernel has finished)
         if _stays_pointwise(other):  # its pieces are placed by coordinate: the same iteration space only

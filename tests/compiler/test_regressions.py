@@ -1008,7 +1008,8 @@ def test_runner_frees_each_input_after_its_last_use(monkeypatch):
     def two_halves(a, b):
         return [(a * 2).sum(-1) + (b.sin() * 3).sum(-1)]
 
-    a, b = _r(4, 8), _r(4, 8, seed=1)
+    # rows of two lengths: two kernels (reductions of the same rows would share one)
+    a, b = _r(4, 8), _r(4, 16, seed=1)
     gm = make_fx(two_halves)(a, b)
     expected = two_halves(a, b)[0]
     seen = []

@@ -1,0 +1,71 @@
+"""A kernel recomputes a short chain of another kernel's ops instead of reading its result
+(``graph._State._recompute_producers``), and reductions of the same rows share a kernel
+(``_sibling_role``): what Inductor's lazy loops do, where reading a value from memory made one
+kernel the producer of another and kept two kernels apart."""
+import torch
+import torch.nn.functional as F
+
+import kernelab.compiler as klc
+from tests.compiler.conftest import REL, rel_norm
+
+
+def causal_lm_loss(logits, labels):
+    """Hugging Face's ``ForCausalLMLoss``: labels shifted by a pad, a mean over the kept ones."""
+    labels = F.pad(labels, (0, 1), value=-100)
+    shift = labels[..., 1:].contiguous()
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), shift.view(-1), ignore_index=-100)
+
+
+def _labels(b, s, vocab, ignored=5):
+    labels = torch.randint(0, vocab, (b, s), generator=torch.Generator().manual_seed(1))
+    labels[0, :ignored] = -100
+    return labels
+
+
+def test_a_mean_cross_entropys_count_shares_the_kernel_of_its_sum_of_losses():
+    """The count of kept labels (``labels != -100`` summed) and the sum of the picked losses both
+    reduce the same (tokens,) rows: one kernel, not two. The loss's row kernel recomputes
+    ``labels != -100`` and ``where(kept, labels, 0)`` from the labels instead of reading the
+    counting kernel's results (which made that kernel its producer). Forward: the label shift's
+    cat, the row kernel, the count with the mean (4 kernels before); values and gradient as eager's,
+    ignored labels included."""
+    logits = torch.randn(2, 16, 128, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    labels = _labels(2, 16, 128)
+
+    def step(logits, labels):
+        causal_lm_loss(logits, labels).backward()
+
+    plan = klc.explain(step, logits, labels)
+    forward = plan.graphs[0]
+    assert forward.kind == "forward"
+    names = [g.name for g in forward.groups]
+    assert len(names) == 3, names
+    count = [g for g in forward.groups if any(op.endswith("= div") for op in g.ops)]
+    assert len(count) == 1 and any(op.endswith("= ne") for op in count[0].ops), names
+
+    loss = causal_lm_loss(logits, labels)
+    (grad,) = torch.autograd.grad(loss, logits)
+    compiled = torch.compile(causal_lm_loss, backend="kernelab")
+    got = compiled(logits, labels)
+    (got_grad,) = torch.autograd.grad(got, logits)
+    assert rel_norm(got, loss) <= REL and rel_norm(got_grad, grad) <= REL
+
+
+def test_every_label_ignored_gives_nan_as_eager():
+    """The mean over no kept label is 0/0: NaN, as eager's (the count and the sum in one kernel)."""
+    logits = torch.randn(2, 8, 32, requires_grad=True)
+    labels = torch.full((2, 8), -100)
+    got = torch.compile(causal_lm_loss, backend="kernelab")(logits, labels)
+    assert torch.isnan(got) and torch.isnan(causal_lm_loss(logits, labels))
+
+
+def test_independent_reductions_of_the_same_rows_share_a_kernel():
+    """Two sums over the rows of (4, 8) tensors that read different inputs and do not depend on
+    each other: one kernel reading both (two before)."""
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+
+    def two_sums(a, b):
+        return (a * 2).sum(-1) + (b.sin() * 3).sum(-1)
+
+    assert len(klc.plan_kernels(two_sums, (a, b), {})) == 1
+    assert rel_norm(torch.compile(two_sums, backend="kernelab")(a, b), two_sums(a, b)) <= REL
