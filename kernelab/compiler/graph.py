@@ -72,6 +72,9 @@ class Partition:
     group_of: dict  # node -> Group
     eager: dict  # node -> reason it runs as ATen ("" for views and placeholders)
     refusals: list  # (node name, reason) for every fusion refused
+    #: (group, reader's name, names of the ops it recomputes) for every chain a kernel recomputes
+    #: instead of reading (``_State._recompute_producers``)
+    recomputed: list = field(default_factory=list)
     #: ``copy_(input, value)`` nodes whose value's kernel stores straight into the input
     #: (``absorb_copies``): copy node -> (group, value node, input node)
     into: dict = field(default_factory=dict)
@@ -96,7 +99,8 @@ def partition(gm: fx.GraphModule) -> Partition:
     _break_cycles(gm, state)
     for group in state.groups:
         _finish(group, state.group_of)
-    part = Partition(state.groups, state.group_of, state.eager, state.refusals)
+    part = Partition(state.groups, state.group_of, state.eager, state.refusals,
+                     recomputed=[r for r in state.recomputed_notes if r[0] in state.groups])
     absorb_copies(gm, part)
     return part
 
@@ -165,6 +169,8 @@ def _stores_in_place(group: Group, v: fx.Node, buf: fx.Node) -> bool:
 
 #: at most this many ops (and views) of another kernel are recomputed in a kernel that reads them
 MAX_RECOMPUTED = 4
+#: views a recomputed chain pushes down to its inputs (``_State._recompute_broadcast``)
+PUSHED_VIEWS = (torch.ops.aten.unsqueeze.default, torch.ops.aten.expand.default)
 #: ``_sibling_role`` of a reduction group merged into another of its shape: its nodes keep theirs
 KEEP_ROLES = "keep"
 
@@ -182,6 +188,7 @@ class _State:
         self.recomputed: dict = {}  # id(group) -> {node of another kernel: its copy in the group}
         self.chains: dict = {}  # id(group) -> {node read: the chain recomputing it there}
         self.copied: set = set()  # nodes recomputed somewhere (``drop_unread_originals``)
+        self.recomputed_notes: list = []  # (group, reader's name, the ops' names): ``Partition.recomputed``
 
     def place(self, node: fx.Node) -> None:
         if COLUMN_TAG in node.meta:
@@ -291,9 +298,140 @@ class _State:
         chain's input where it read the chain's result: no more bytes for a one-input chain."""
         for p in list(node.all_input_nodes):
             chain = self._recomputable_chain(p, group)
-            if chain and not self._copy_chain(group, node, p, chain) and group.kind != "pointwise":
+            if chain and self._copy_chain(group, node, p, chain):
+                continue
+            if self._recompute_broadcast(group, node, p):
+                continue
+            if chain and group.kind != "pointwise":
                 self.refusals.append((node.name, f"{p.name} not recomputed in {group.name}: a shape that "
                                                  "fits neither the kernel's elements nor its rows"))
+
+    def _recompute_broadcast(self, group: Group, node, p) -> bool:
+        """A chain of another kernel's ops read through unsqueezes and expands (a causal mask:
+        ``where(expand(le(pos[None, :], pos[:, None])), 0, -inf)``, the positions an ``arange``
+        plus an offset) recomputed here at the shapes that broadcast against the kernel's: the views
+        pushed down to the chain's inputs, ``f(a, b)[None] = f(a[None], b[None])``, the expands left
+        to broadcasting. The mask kernel, the comparison kernel and the positions kernel become the
+        one that reads the mask (Inductor's one). At most ``MAX_RECOMPUTED`` ops reading at most two
+        values from memory, each smaller than the kernel's shape when there are two."""
+        member: dict = {}
+        if not self._broadcast_member(p, group, member):
+            return False
+        ops, leaves, stack, seen = [], set(), [p], set()
+        while stack:
+            n = stack.pop()
+            if n in seen or fusion.is_constant(n) or fusion.is_scalar(n):
+                continue
+            seen.add(n)
+            if self._broadcast_member(n, group, member):
+                ops += [n] if n in self.group_of else []
+                stack.extend(n.all_input_nodes)
+            else:
+                leaves.add(n)
+        # what is read from memory: one value per root (two views of one arange are one), single
+        # values (an offset) not counted
+        read = {_view_root(x) for x in leaves if fusion.value(x).numel() > 1}
+        size = math.prod(fusion.hint(s) for s in group.shape)
+        if not ops or len(ops) > MAX_RECOMPUTED or len(read) > 2 or any(x in self.group_of for x in leaves) or \
+                (len(read) == 2 and any(fusion.value(x).numel() >= size for x in read)):
+            return False
+        b = rewrites.Builder(node.graph.owning_module, node, fusion.value(node))
+        try:
+            top = self._pushed_copy(p, (), b, group, member, {})
+        except Exception:  # an op whose fake value does not follow (a shape it cannot take)
+            b.undo()
+            return False
+        if not self._place_pushed(group, node, p, top, b.made):
+            return False
+        self.copied.update(ops)
+        self.recomputed_notes.append((group, node.name, [n.name for n in sorted(ops, key=self.index.__getitem__)]))
+        self._drop_unread_views(seen)
+        return True
+
+    def _broadcast_member(self, n, group: Group, member: dict) -> bool:
+        """Is ``n`` an op of another kernel, or an unsqueeze or expand of one (transitively)?"""
+        if n not in member:
+            member[n] = False
+            if self._in_other_kernel(n, group):
+                member[n] = True
+            elif n.op == "call_function" and n.target in PUSHED_VIEWS and n not in self.group_of:
+                member[n] = isinstance(n.args[0], fx.Node) and self._broadcast_member(n.args[0], group, member)
+        return member[n]
+
+    def _pushed_copy(self, n, dims: tuple, b, group: Group, member: dict, made: dict):
+        """A node computing ``n`` with ``unsqueeze(., d)`` for each d of ``dims`` applied, views
+        pushed to the chain's inputs; expands dropped (the kernel broadcasts)."""
+        key = (n, dims)
+        if key in made:
+            return made[key]
+        if not isinstance(n, fx.Node) or not member.get(n):
+            out = n
+            for d in dims:
+                out = b.op(torch.ops.aten.unsqueeze.default, out, d)
+        elif n.target is torch.ops.aten.unsqueeze.default:
+            src, d = n.args[0], n.args[1]
+            d = d if d >= 0 else d + len(fusion.dims(src)) + 1
+            out = self._pushed_copy(src, (d,) + dims, b, group, member, made)
+        elif n.target is torch.ops.aten.expand.default:
+            src = n.args[0]
+            out = self._pushed_copy(src, (0,) * (len(fusion.dims(n)) - len(fusion.dims(src))) + dims, b, group,
+                                    member, made)
+        else:
+            rank = len(fusion.dims(n))
+
+            def operand(a):
+                if not isinstance(a, fx.Node) or not isinstance(fusion.value(a), torch.Tensor) or fusion.is_constant(a):
+                    return a
+                return self._pushed_copy(a, (0,) * (rank - len(fusion.dims(a))) + dims, b, group, member, made)
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), operand)
+            out = b.op(n.target, *args, **kwargs) if dims or args != n.args else n
+            want = list(fusion.dims(n))
+            for d in dims:
+                want.insert(d, 1)
+            got = fusion.dims(out)  # (smaller where an expand was dropped; an op making its own shape: refused)
+            if len(got) != len(want) or not fusion.broadcasts_to(got, tuple(want)):
+                raise ValueError(f"{n.name}: pushed views give {fusion.dims(out)}, not {tuple(want)}")
+        made[key] = out
+        return out
+
+    def _place_pushed(self, group: Group, node, p, top, made: list) -> bool:
+        """The pushed copies into ``group`` (their views ATen's, before it), ``node`` reading ``top``;
+        False (nothing changed) where a copy's shape or ``node`` does not fit the group."""
+        base = self.index[node]
+        added = []
+        for i, n in enumerate(made):
+            self.index[n] = base - 1 + (i + 1) / (len(made) + 1)
+            if n.target is torch.ops.aten.unsqueeze.default:
+                self.eager[n] = ""
+                continue
+            role = _broadcast_role(group, fusion.dims(n))
+            if role is None:
+                break
+            self._add(group, n, role)
+            added.append(n)
+        else:
+            node.replace_input_with(p, top)
+            if fusion.role_in(group, node, fusion.classify(node)[0])[0] is not None:
+                group.nodes.sort(key=self.index.__getitem__)
+                return True
+            node.replace_input_with(top, p)
+        for n in added:
+            group.nodes.remove(n)
+            del group.roles[n]
+            del self.group_of[n]
+        for n in reversed(made):
+            self.eager.pop(n, None)
+            if not n.users:
+                n.graph.erase_node(n)
+        return False
+
+    def _drop_unread_views(self, nodes) -> None:
+        """ATen views of a recomputed chain that nothing reads any more."""
+        for n in sorted(nodes, key=self.index.__getitem__, reverse=True):
+            if n.op == "call_function" and not n.users and n not in self.group_of and \
+                    fusion.classify(n)[0] == "view":
+                self.eager.pop(n, None)
+                n.graph.erase_node(n)
 
     def _recomputable_chain(self, p, group: Group) -> list | None:
         """The nodes (in graph order) computing ``p`` in other kernels, views of them included,
@@ -364,6 +502,7 @@ class _State:
             node.replace_input_with(memo[p], p)
             return self._undo_copies(group, made)
         group.nodes.sort(key=self.index.__getitem__)
+        self.recomputed_notes.append((group, node.name, [n.name for n in chain if n in self.group_of]))
         for n in reversed(chain):  # an ATen view nobody reads any more is dropped
             if not n.users and n not in self.group_of:
                 self.eager.pop(n, None)
@@ -466,6 +605,26 @@ class _State:
             seen.add(n)
             stack.extend(n.all_input_nodes)
         return False
+
+
+def _view_root(node):
+    """The value a chain of views shows (views made while planning included)."""
+    while node.op == "call_function" and fusion.classify(node)[0] == "view" and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _broadcast_role(group: Group, shape) -> str | None:
+    """A recomputed node's role: its group's shape or one that broadcasts against it at the same
+    rank, "full" (computed at every element); a reduction's row shape, "row"."""
+    if tuple(shape) == tuple(group.shape):
+        return "full"
+    if group.kind == "reduction" and fusion.padded(shape, len(group.shape)) == fusion.row_shape(group):
+        return "row"
+    if group.kind in ("pointwise", "reduction") and len(shape) == len(group.shape) and \
+            fusion.broadcasts_to(shape, group.shape):
+        return "full"
+    return None
 
 
 def _stays_pointwise(group: Group) -> bool:

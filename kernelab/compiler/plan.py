@@ -66,6 +66,8 @@ class GraphPlan:
     stored: list = field(default_factory=list)
     #: outputs a kernel may store over an input at its last use (GroupRunner.reuse), one line each
     reused: list = field(default_factory=list)
+    #: chains of other kernels' ops a kernel recomputes instead of reading (graph.Partition.recomputed)
+    recomputed: list = field(default_factory=list)
 
     @classmethod
     def build(cls, kind, gm, part, compile_s, fallback) -> "GraphPlan":
@@ -74,7 +76,10 @@ class GraphPlan:
                  if n in part.eager and part.eager[n]]
         stored = [f"{copy.name}: {group.name} stores {value.name} into {buf.name}"
                   for copy, (group, value, buf) in part.into.items()]
-        return cls(kind, groups, eager, list(part.refusals), compile_s, fallback, stored=stored)
+        recomputed = [f"{group.name} recomputes {', '.join(names)} (read by {reader}) instead of reading it"
+                      for group, reader, names in part.recomputed]
+        return cls(kind, groups, eager, list(part.refusals), compile_s, fallback, stored=stored,
+                   recomputed=recomputed)
 
     def summary(self) -> str:
         kernels = len(self.groups)
@@ -91,6 +96,7 @@ class GraphPlan:
         lines += [f"  padded {line}" for line in self.padded]
         lines += [f"  in place {line}" for line in self.stored]
         lines += [f"  reuses memory: {line}" for line in self.reused]
+        lines += [f"  recomputed: {line}" for line in self.recomputed]
         return "\n".join(lines)
 
     def note_compile(self, runner) -> None:
@@ -102,7 +108,7 @@ class GraphPlan:
                 "refusals": [{"node": n, "reason": why} for n, why in self.refusals],
                 "compile_s": self.compile_s, "jit_s": self.jit_s, "fallback": self.fallback, "padded": list(self.padded),
                 "cudagraphs": self.cudagraphs, "stored": list(self.stored),
-                "reused": list(self.reused)}
+                "reused": list(self.reused), "recomputed": list(self.recomputed)}
 
 
 def _group_plan(group) -> GroupPlan:

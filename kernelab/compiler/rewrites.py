@@ -31,7 +31,7 @@ import torch.fx as fx
 
 from . import fusion, layout, ops_table
 
-__all__ = ["one_hot_indexing", "multiplications_by_one", "unsqueezed_repeats", "pads_as_cats", "slices_through_cats", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
+__all__ = ["Builder", "one_hot_indexing", "multiplications_by_one", "unsqueezed_repeats", "pads_as_cats", "slices_through_cats", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "half_precision_scatters_in_float32",
            "small_sums_as_adds",
@@ -106,7 +106,7 @@ def unsqueezed_repeats(gm: fx.GraphModule) -> int:
                 known.setdefault(key, node)
             continue
         done, dim = found
-        b = _Builder(gm, node, fusion.value(node))
+        b = Builder(gm, node, fusion.value(node))
         view = b.op(aten.unsqueeze.default, done, dim)
         node.replace_all_uses_with(view)
         count += 1
@@ -249,7 +249,7 @@ def aranges_as_constants(gm: fx.GraphModule) -> int:
                 and all(isinstance(a, (int, float)) for a in numbers) and isinstance(val.shape[0], int)
                 and 0 < val.numel() <= ARANGE_CONSTANT_MAX and all(_reads_only(u) for u in node.users)):
             continue
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         args, dtype = tuple(node.args), val.dtype
         name = f"_kl_arange_{'_'.join(str(a).replace('.', 'p').replace('-', 'm') for a in args)}_{str(dtype)[6:]}" \
                f"_{val.device.type}_{val.device.index}"
@@ -312,7 +312,7 @@ def full_reductions_as_rows(gm: fx.GraphModule) -> int:
         order = _memory_order(src)
         if order is None:
             continue
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         flat = node.args[0]
         if order != list(range(src.dim())):
             try:  # a pointwise chain is recomputed on permuted operands: it stays the row kernel's prologue
@@ -359,7 +359,7 @@ def conv_biases_as_adds(gm: fx.GraphModule) -> int:
         if not (isinstance(bias, fx.Node) and isinstance(val, torch.Tensor) and hasattr(val, "fake_mode")
                 and val.dim() >= 3 and fusion.value(bias).dtype == val.dtype and _bias_may_move(node)):
             continue
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         try:
             conv = b.op(aten.convolution.default, node.args[0], node.args[1], None, *node.args[3:])
             replaced = [(u, _bias_added(b, conv, bias, val, u)) for u in list(node.users) if _is_permute_of(u, node)]
@@ -374,7 +374,7 @@ def conv_biases_as_adds(gm: fx.GraphModule) -> int:
     return _cleanup(gm, count)
 
 
-def _bias_added(b: "_Builder", conv: fx.Node, bias: fx.Node, val, permute: fx.Node | None) -> fx.Node:
+def _bias_added(b: "Builder", conv: fx.Node, bias: fx.Node, val, permute: fx.Node | None) -> fx.Node:
     """``conv + bias`` with the bias along the channel dim (1), or ``permute(conv) + bias`` with the
     bias where ``permute`` moves the channel dim."""
     shape = [1] * val.dim()
@@ -478,7 +478,7 @@ def _sliced_product(gm, product: fx.Node, sl: fx.Node, val) -> fx.Node | None:
     rest = list(sl.args[2:])
     if len(rest) > 2 and rest[2] != 1:  # a step: not covered
         return None
-    b = _Builder(gm, sl, fusion.value(sl))
+    b = Builder(gm, sl, fusion.value(sl))
     operands = []
     try:
         for a in product.args[:2]:
@@ -516,7 +516,7 @@ def cats_of_products(gm: fx.GraphModule) -> int:
         columns = _catable_operands(pieces, dim, fusion.value(node).dim())
         if columns is None:
             continue
-        b = _Builder(gm, node, fusion.value(node))
+        b = Builder(gm, node, fusion.value(node))
         try:
             cats = [b.op(aten.cat.default, list(col), dim) for col in columns]
             new = b.op(aten.mul.Tensor, *cats)
@@ -568,7 +568,7 @@ def negated_cat_pieces(gm: fx.GraphModule) -> int:
             signs += [-1.0 if neg else 1.0] * int(fusion.value(p).shape[dim])
         shape = [1] * val.dim()
         shape[dim] = len(signs)
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         runs = "_".join(f"{'n' if neg else 'p'}{int(fusion.value(p).shape[dim])}" for p, neg in zip(pieces, negated))
         name = f"_kl_signs_{runs}_d{dim}_r{val.dim()}_{str(val.dtype)[6:]}_{val.device.type}"  # exact: one per pattern
         sign = b.constant(name, lambda: torch.tensor(signs, dtype=val.dtype, device=val.device).view(shape))
@@ -598,7 +598,7 @@ def broadcast_cats_expanded(gm: fx.GraphModule) -> int:
             if shape is None:
                 continue
             dim = fusion.cat_dim(node)
-            b = _Builder(gm, user, fusion.value(user))
+            b = Builder(gm, user, fusion.value(user))
             try:
                 pieces = [b.op(aten.expand.default, p, [fusion.value(p).shape[d] if d == dim else size
                                                        for d, size in enumerate(shape)]) for p in node.args[0]]
@@ -665,7 +665,7 @@ def middle_dims_kept_as_rows_then_columns(gm: fx.GraphModule) -> int:
         dtype = node.kwargs.get("dtype")
         # a half-precision sum's rows stay float32 until the end: one rounding, as ATen's one reduction
         inner = dtype or (torch.float32 if src.dtype != torch.float32 else None)
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         try:
             rows = b.op(node.target, node.args[0], trail, False, **({"dtype": inner} if inner else {}))
             new = b.op(node.target, rows, lead, False)
@@ -776,7 +776,7 @@ def _statistics_in_columns(gm, var_node, perm: list) -> int:
     rows = src.numel() // channels
     if rows - correction <= 0:
         return 0
-    b = _Builder(gm, var_node, val)
+    b = Builder(gm, var_node, val)
     try:
         # memory order, (N, H, W, C); a cast before it (a float16 norm's) recomputed on the view
         matrix = _permuted(b, x, perm, _recomputed_for_columns(gm), {})
@@ -813,7 +813,7 @@ def innermost_kept_sums_as_columns(gm: fx.GraphModule) -> int:
         val = fusion.value(node)
         keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
         extra = {"dtype": node.kwargs["dtype"]} if node.kwargs.get("dtype") is not None else {}
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         try:
             moved = _permuted(b, node.args[0], perm, recomputed, memo)
             new = b.op(node.target, moved, list(range(len(perm) - 1)), False, **extra)
@@ -937,7 +937,7 @@ def _statistics_in_rows(gm, var_node, lead: list, flat: list) -> int:
     n_rows = math.prod(src.shape[d] for d in lead)
     length = flat[-1]
     count = n_rows * length
-    b = _Builder(gm, var_node, val)
+    b = Builder(gm, var_node, val)
     try:
         rows = b.op(aten.view.default, x, flat) if list(src.shape) != flat else x
         row_var = b.op(prims.var.default, rows, [len(flat) - 1], 0.0)  # (lead..., C)
@@ -984,7 +984,7 @@ def trailing_reductions_as_rows(gm: fx.GraphModule) -> int:
         if flat_shape is None:
             continue
         val = fusion.value(node)
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         extra = {"dtype": node.kwargs["dtype"]} if node.kwargs.get("dtype") is not None else {}
         try:
             flat = b.op(aten.view.default, node.args[0], flat_shape)
@@ -1059,7 +1059,7 @@ def _in_rows(gm, node, k: int, anchor, memo: dict):
         return memo[node, k]
     val = fusion.value(node)
     rank = val.dim()
-    b = _Builder(gm, anchor, val)
+    b = Builder(gm, anchor, val)
     if not _pointwise_source(node):  # (its merged dims were checked by its reader's ``operand``)
         shape = _row_shape_of(val.shape, rank, k)
         memo[node, k] = out = b.op(aten.view.default, node, shape) if list(val.shape) != shape else node
@@ -1148,7 +1148,7 @@ def extremes_without_indices(gm: fx.GraphModule) -> int:
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
         keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
         try:
-            new = _Builder(gm, node, val).op(reduced, node.args[0], [dim], keepdim)
+            new = Builder(gm, node, val).op(reduced, node.args[0], [dim], keepdim)
         except Exception:  # noqa: BLE001 - a value the reduction does not take: left as it was
             continue
         for pick in picks:
@@ -1183,7 +1183,7 @@ def truth_reductions_as_extremes(gm: fx.GraphModule) -> int:
                 and all(isinstance(src.shape[d], int) and src.shape[d] > 0 for d in dims)):
             continue
         keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         truth = node.args[0] if src.dtype == torch.bool else b.op(aten.ne.Scalar, node.args[0], 0)
         ones = b.op(prims.convert_element_type.default, truth, torch.float32)
         new = b.op(aten.ne.Scalar, b.op(extreme, ones, dims, keepdim), 0)
@@ -1241,7 +1241,7 @@ def _lift_unsqueeze(gm, node) -> list | None:
             any(not isinstance(fusion.value(a), torch.Tensor) or tuple(fusion.value(a).shape) != tuple(val.shape)
                 for a in operands):
         return None
-    b = _Builder(gm, node, val)
+    b = Builder(gm, node, val)
     args = [b.op(aten.unsqueeze.default, a, dim) if isinstance(a, fx.Node) else a for a in src.args]
     lifted = b.op(src.target, *args, **src.kwargs)
     node.replace_all_uses_with(lifted)
@@ -1269,7 +1269,7 @@ def cats_without_empties(gm: fx.GraphModule) -> int:
         kept = [p for p in parts if not _no_elements(p)]
         if len(kept) == len(parts) or not kept or not isinstance(val, torch.Tensor) or not hasattr(val, "fake_mode"):
             continue
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         if len(kept) == 1 and tuple(fusion.value(kept[0]).shape) == tuple(val.shape):
             new = b.op(aten.clone.default, kept[0], memory_format=torch.contiguous_format)
         else:
@@ -1301,7 +1301,7 @@ def pads_as_cats(gm: fx.GraphModule) -> int:
         k = next(k for k in range(len(pads) // 2) if pads[2 * k] or pads[2 * k + 1])
         lo, hi, d = pads[2 * k], pads[2 * k + 1], val.dim() - 1 - k
         shape = list(fusion.value(x).shape)
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         try:
             fills = [b.op(aten.full.default, shape[:d] + [n] + shape[d + 1:], value, dtype=val.dtype,
                           device=val.device) if n else None for n in (lo, hi)]
@@ -1330,7 +1330,7 @@ def slices_through_cats(gm: fx.GraphModule) -> int:
         start, end = _clamped(start, size, 0), _clamped(end, size, size)
         if step != 1:
             continue
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         try:
             parts = _sliced_pieces(b, cat, dim, start, end)
             new = parts[0] if len(parts) == 1 else b.op(aten.cat.default, parts, fusion.cat_dim(cat))
@@ -1349,7 +1349,7 @@ def _clamped(i, size: int, default: int) -> int:
     return min(max(i + size if i < 0 else i, 0), size)
 
 
-def _sliced_pieces(b: _Builder, cat: fx.Node, dim: int, start: int, end: int) -> list:
+def _sliced_pieces(b: Builder, cat: fx.Node, dim: int, start: int, end: int) -> list:
     """The parts of ``cat``'s pieces that ``slice(cat, dim, start, end)`` keeps."""
     if dim != fusion.cat_dim(cat):
         return [_slice_of(b, p, dim, start, end) for p in cat.args[0]]
@@ -1363,7 +1363,7 @@ def _sliced_pieces(b: _Builder, cat: fx.Node, dim: int, start: int, end: int) ->
     return parts
 
 
-def _slice_of(b: _Builder, piece: fx.Node, dim: int, start: int, end: int) -> fx.Node:
+def _slice_of(b: Builder, piece: fx.Node, dim: int, start: int, end: int) -> fx.Node:
     """``piece[start:end]`` along ``dim``: the piece itself when whole, a smaller fill for a fill."""
     val = fusion.value(piece)
     if start == 0 and end == val.shape[dim]:
@@ -1388,7 +1388,7 @@ def scatters_as_cats(gm: fx.GraphModule) -> int:
         if parts is None:
             continue
         dim, pieces = parts
-        b = _Builder(gm, node, fusion.value(node))
+        b = Builder(gm, node, fusion.value(node))
         node.replace_all_uses_with(b.op(aten.cat.default, pieces, dim))
         count += 1
     return _cleanup(gm, count)
@@ -1449,7 +1449,7 @@ def fills_without_inputs(gm: fx.GraphModule) -> int:
         if not (isinstance(val, torch.Tensor) and hasattr(val, "fake_mode") and val.is_contiguous()
                 and all(isinstance(s, int) for s in val.shape) and isinstance(fill, (int, float, bool))):
             continue
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         node.replace_all_uses_with(b.op(aten.full.default, list(val.shape), fill, dtype=val.dtype, device=val.device))
         count += 1
     return _cleanup(gm, count)
@@ -1511,7 +1511,7 @@ def _casts_through_views_once(gm: fx.GraphModule, free_views: tuple) -> int:
             count += sum(_swap(gm, v, view_args=(src, *v.args[1:]), cast=node) for v in views)
         elif (isinstance(src, fx.Node) and _moves_with_casts(src, free_views) and len(src.users) == 1
               and isinstance(src.args[0], fx.Node) and not _computed_by_aten(src.args[0])):
-            b = _Builder(gm, node, fusion.value(node))
+            b = Builder(gm, node, fusion.value(node))
             cast = b.op(node.target, src.args[0], *node.args[1:], **node.kwargs)
             node.replace_all_uses_with(b.op(src.target, cast, *src.args[1:]))
             count += 1
@@ -1538,7 +1538,7 @@ def _pointwise_into_copies_once(gm: fx.GraphModule) -> int:
         view = _lone_view_into_copy(node)
         if view is None:
             continue
-        b = _Builder(gm, view, fusion.value(view))
+        b = Builder(gm, view, fusion.value(view))
         try:
             args = [b.op(view.target, a, *view.args[1:], **view.kwargs) if isinstance(a, fx.Node) else a
                     for a in node.args]
@@ -1567,7 +1567,7 @@ def permuted_trees_into_copies(gm: fx.GraphModule) -> int:
         if not (isinstance(permute, fx.Node) and fusion.target_name(permute) == "aten.permute.default"
                 and len(permute.users) == 1 and _in_tree(permute.args[0])):
             continue
-        b = _Builder(gm, permute, fusion.value(permute))
+        b = Builder(gm, permute, fusion.value(permute))
         try:
             moved = _permuted(b, permute.args[0], list(permute.args[1]))
         except Exception:  # noqa: BLE001 - a tree this restatement does not cover: leave the graph
@@ -1592,7 +1592,7 @@ def _in_tree(node) -> bool:
     return (elementwise or fusion.is_cat(node)) and not by_keyword and fusion.classify(node)[0] == "pointwise"
 
 
-def _permuted(b: _Builder, node: fx.Node, perm: list, member=_in_tree, memo: dict | None = None) -> fx.Node:
+def _permuted(b: Builder, node: fx.Node, perm: list, member=_in_tree, memo: dict | None = None) -> fx.Node:
     """``permute(node, perm)``, computed from permuted leaves where ``node`` is in the tree
     (``member(node)``); ``memo`` ((node, perm) -> its permuted node) shares what is made between
     calls (keyed by the permutation too: one operand read by two reductions that keep different
@@ -1663,7 +1663,7 @@ def gathers_before_casts(gm: fx.GraphModule) -> int:
         if not (isinstance(src, fx.Node) and src.op == "call_function" and fusion.target_name(src) in _CASTS
                 and _plain_cast(src)):
             continue
-        b = _Builder(gm, node, fusion.value(node))
+        b = Builder(gm, node, fusion.value(node))
         try:
             gathered = b.op(node.target, src.args[0], *node.args[1:], **node.kwargs)
         except RuntimeError:
@@ -1700,7 +1700,7 @@ def _plain_cast(node) -> bool:
 def _swap(gm, view, view_args, cast) -> bool:
     """``view`` (of ``cast``'s output) replaced by the same cast of the same view of its input;
     False (nothing changed) where the input cannot be viewed so (not contiguous)."""
-    b = _Builder(gm, view, fusion.value(view))
+    b = Builder(gm, view, fusion.value(view))
     try:
         moved = b.op(view.target, *view_args)
     except RuntimeError:
@@ -1932,7 +1932,7 @@ def inputs_in_row_space(gm: fx.GraphModule) -> int:
             continue
         inp, view, position = regroup
         x = view.args[0]
-        b = _Builder(gm, node, fusion.value(node))
+        b = Builder(gm, node, fusion.value(node))
         try:
             flat = b.op(aten.view.default, inp, list(fusion.dims(x)))
             args = [flat, x] if position == 0 else [x, flat]
@@ -1990,7 +1990,7 @@ def small_sums_as_adds(gm: fx.GraphModule) -> int:
             continue
         src, dims, keepdim = plan
         val = fusion.value(node)
-        b = _Builder(gm, node, val)
+        b = Builder(gm, node, val)
         acc_dtype = torch.float64 if val.dtype == torch.float64 else torch.float32
         total = None
         for index in itertools.product(*(range(fusion.value(src).shape[d]) for d in dims)):
@@ -2111,7 +2111,7 @@ def half_precision_scatters_in_float32(gm: fx.GraphModule) -> int:
         if not chain:
             continue
         last = chain[-1]
-        b = _Builder(gm, last, fusion.value(last))
+        b = Builder(gm, last, fusion.value(last))
         try:
             buffer = b.op(fill.target, *fill.args, **{**fill.kwargs, "dtype": torch.float32})
             for scatter in chain:
@@ -2218,7 +2218,7 @@ def _eligible(node, source, index) -> bool:
     return node.target is not aten.scatter.src or tuple(fusion.value(node.args[3]).shape) == tuple(idx.shape)
 
 
-class _Builder:
+class Builder:
     """Inserts nodes before ``anchor`` and gives each its fake value (what fusion reads)."""
 
     def __init__(self, gm: fx.GraphModule, anchor: fx.Node, like: torch.Tensor):
@@ -2278,7 +2278,7 @@ def _rewrite_gather(gm, node) -> None:
     source, _, index = node.args[:3]
     val = fusion.value(source)
     n = val.shape[-1]
-    b = _Builder(gm, node, val)
+    b = Builder(gm, node, val)
     # gather(x - r1 - r2, t) = gather(x, t) - r1 - r2 for per-row r (log_softmax's max and log-sum):
     # the pick then reads x itself and rides along the softmax's own pass over the row
     # (placed right after x and the index: the softmax's reductions, later in the graph, then join
@@ -2288,7 +2288,7 @@ def _rewrite_gather(gm, node) -> None:
     if per_row:
         first_reader = next(n for n in gm.graph.nodes if source in n.all_input_nodes)
         if _hoist_before(gm, index, first_reader):
-            early = _Builder(gm, first_reader, val)
+            early = Builder(gm, first_reader, val)
     hit = early.op(aten.eq.Tensor, early.columns(n), index)
     picked = early.op(aten.sum.dim_IntList, early.op(aten.where.self, hit, source, early.scalar(0, val.dtype)), [-1], True)
     for r in per_row:
@@ -2336,7 +2336,7 @@ def _rewrite_scatter(gm, node) -> None:
     base, _, index, src = node.args[:4]
     val = fusion.value(base)
     n = val.shape[-1]
-    b = _Builder(gm, node, val)
+    b = Builder(gm, node, val)
     k = fusion.value(index).shape[-1]
     if node.target is aten.scatter.value:
         src = b.scalar(src, val.dtype)

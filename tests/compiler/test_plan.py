@@ -153,7 +153,7 @@ def test_a_rope_tree_transposed_then_copied_is_one_kernel():
 
 
 def test_a_tree_given_up_halfway_leaves_no_node_behind(monkeypatch):
-    """A restatement that fails after inserting nodes (``_Builder.undo``) leaves the graph as it
+    """A restatement that fails after inserting nodes (``Builder.undo``) leaves the graph as it
     was: the nodes it made are erased, not left unread, where an elementwise one would still be
     planned as a kernel computing nothing used. Here the tree is rebuilt in full, then refused."""
     from kernelab.compiler import rewrites

@@ -69,3 +69,41 @@ def test_independent_reductions_of_the_same_rows_share_a_kernel():
 
     assert len(klc.plan_kernels(two_sums, (a, b), {})) == 1
     assert rel_norm(torch.compile(two_sums, backend="kernelab")(a, b), two_sums(a, b)) <= REL
+
+
+def causal_mask(scores, offset):
+    """A 4-D causal mask as Hugging Face's SDPA path builds it (transformers 5.17 on the GPU):
+    positions, their comparison through unsqueezes, expanded over the batch, applied by a where."""
+    b, _, s, _ = scores.shape
+    pos = torch.arange(s) + offset
+    allowed = (pos[None, :] <= pos[:, None])[None, None].expand(b, 1, s, s)
+    return torch.where(allowed, scores, torch.tensor(float("-inf"))).softmax(-1)
+
+
+def test_a_causal_mask_is_recomputed_in_the_kernel_that_applies_it():
+    """The positions (an arange plus an offset), their comparison and the masked softmax: one
+    kernel. The positions kernel and the comparison kernel were kernels of their own, their
+    results read through unsqueezes and an expand; the views are pushed down to the arange, the
+    expand left to the kernel's broadcasting (three kernels before)."""
+    scores = torch.randn(2, 4, 16, 16)
+    offset = torch.tensor(3)
+    kernels = klc.plan_kernels(causal_mask, (scores, offset), {})
+    assert len(kernels) == 1, [k.name for k in kernels]
+    assert rel_norm(torch.compile(causal_mask, backend="kernelab")(scores, offset),
+                    causal_mask(scores, offset)) <= REL
+
+
+def test_a_mask_read_by_two_kernels_is_recomputed_in_each():
+    """The same comparison read by a softmax over (2, 4, 16, 16) scores and by a count of the
+    allowed places: both kernels recompute it; the values as eager's."""
+    scores = torch.randn(2, 4, 16, 16)
+
+    def two_readers(scores):
+        pos = torch.arange(16)
+        allowed = (pos[None, :] <= pos[:, None])[None, None]
+        probs = torch.where(allowed, scores, -1e4).softmax(-1)
+        return probs, (allowed.expand(2, 1, 16, 16) * scores[:, :1]).sum(-1)
+
+    got = torch.compile(two_readers, backend="kernelab")(scores)
+    for g, w in zip(got, two_readers(scores)):
+        assert rel_norm(g, w) <= REL
