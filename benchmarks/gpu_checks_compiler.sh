@@ -55,7 +55,9 @@
 # Call 14 (CALL=14, stop 44): ConvNeXt-T's, Llama's and GPT-2's training steps (models.py), after stop 42's
 # clone and bias fixes (measured on inference only) and stop 44's changes.
 # Call 15 (CALL=15, stop 45): the recompute and reuse GPU tests, then GPT-2's and Llama's training steps
-# (models.py; CALL=16: Mixtral's and T5's) after a kernel recomputes short chains of another's ops (a causal LM's
+# (models.py; CALL=16: Mixtral's and T5's; CALL=17: Llama's training memory and GPU plan, then
+# Llama's and GPT-2's inference steps; CALL=18: after the fix of the failure CALL=17's plan found,
+# Llama's plan and Llama's and Mixtral's training steps again) after a kernel recomputes short chains of another's ops (a causal LM's
 # mean cross-entropy: its count of kept labels shares the kernel of its sum of losses) and after
 # stop 44's fix of the first call's inputs kept alive (GPT-2's training peak).
 set -uo pipefail
@@ -148,6 +150,24 @@ if [ "${CALL:-2}" = 15 ]; then  # stop 45: recomputed chains, the first call's i
     timeout "$(left 560)" python3 benchmarks/models.py "$OUT/models" --only gpt2,llama \
         --modes eager,inductor,kernelab --steps train --budget-s 420 > "$OUT/models.log" 2>&1
     echo "models rc=$? (${SECONDS}s)"; tail -12 "$OUT/models.log" | cut -c1-230
+    exit 0
+fi
+if [ "${CALL:-2}" = 17 ]; then  # stop 45: Llama's training peak (6.05 GiB against 5.72) and its plan
+    profile 200 llama:train zoo_profile_llama_train_memory.log --top 15 --memory
+    plans 150 llama:train
+    tar czf "$OUT/plans.tgz" -C "$OUT" plans && rm -rf "$OUT/plans"
+    timeout "$(left 200)" python3 benchmarks/models.py "$OUT/models_infer" --only llama,gpt2 \
+        --modes inductor,kernelab --steps infer --budget-s 180 > "$OUT/models_infer.log" 2>&1
+    echo "models infer rc=$? (${SECONDS}s)"; tail -6 "$OUT/models_infer.log" | cut -c1-230
+    rm -rf "$OUT"/zp_*
+    exit 0
+fi
+if [ "${CALL:-2}" = 18 ]; then  # stop 45: call 17's plan failed (repeat_kv's copy, fixed); Llama and Mixtral again
+    plans 150 llama:train
+    tar czf "$OUT/plans.tgz" -C "$OUT" plans && rm -rf "$OUT/plans"
+    timeout "$(left 420)" python3 benchmarks/models.py "$OUT/models" --only llama,mixtral \
+        --modes eager,inductor,kernelab --steps train --budget-s 380 > "$OUT/models.log" 2>&1
+    echo "models rc=$? (${SECONDS}s)"; tail -6 "$OUT/models.log" | cut -c1-230
     exit 0
 fi
 if [ "${CALL:-2}" = 16 ]; then  # stop 45: call 15's models, continued

@@ -315,7 +315,7 @@ class _State:
         one that reads the mask (Inductor's one). At most ``MAX_RECOMPUTED`` ops reading at most two
         values from memory, each smaller than the kernel's shape when there are two."""
         member: dict = {}
-        if not self._broadcast_member(p, group, member):
+        if not _reads_by_broadcasting(node) or not self._broadcast_member(p, group, member):
             return False
         ops, leaves, stack, seen = [], set(), [p], set()
         while stack:
@@ -411,7 +411,7 @@ class _State:
             added.append(n)
         else:
             node.replace_input_with(p, top)
-            if fusion.role_in(group, node, fusion.classify(node)[0])[0] is not None:
+            if _keeps_its_shape(node) and fusion.role_in(group, node, fusion.classify(node)[0])[0] is not None:
                 group.nodes.sort(key=self.index.__getitem__)
                 return True
             node.replace_input_with(top, p)
@@ -605,6 +605,25 @@ class _State:
             seen.add(n)
             stack.extend(n.all_input_nodes)
         return False
+
+
+def _reads_by_broadcasting(node) -> bool:
+    """A pointwise op: reading an operand of a shape that broadcasts to the expanded one gives the
+    same values. (A view or a reduction reads its input's shape: a view of repeat_kv's expanded
+    keys, handed the unexpanded ones, failed at run time.)"""
+    return fusion.classify(node)[0] == "pointwise" and not (
+        fusion.is_cat(node) or fusion.is_gather(node) or fusion.is_scatter(node))
+
+
+def _keeps_its_shape(node) -> bool:
+    """Do ``node``'s operands still broadcast to its shape? (``clone(expand(k))``, repeat_kv's copy,
+    handed the unexpanded keys would make a smaller tensor: kept reading the expand.)"""
+    out = fusion.dims(node)
+    shapes = [fusion.dims(a) for a in node.all_input_nodes if isinstance(fusion.value(a), torch.Tensor)]
+    if any(len(s) > len(out) for s in shapes):
+        return False
+    shapes = [fusion.padded(s, len(out)) for s in shapes]
+    return all(size == 1 or any(s[i] == size for s in shapes) for i, size in enumerate(out))
 
 
 def _view_root(node):

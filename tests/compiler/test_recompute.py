@@ -107,3 +107,25 @@ def test_a_mask_read_by_two_kernels_is_recomputed_in_each():
     got = torch.compile(two_readers, backend="kernelab")(scores)
     for g, w in zip(got, two_readers(scores)):
         assert rel_norm(g, w) <= REL
+
+
+def repeat_kv(k, n_rep):
+    b, kv, s, d = k.shape
+    return k[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
+
+
+def test_a_copy_of_expanded_keys_keeps_reading_the_expand():
+    """Hugging Face's ``repeat_kv`` (eager attention, or SDPA with a mask): keys computed by one
+    kernel (RoPE), expanded over the query heads and copied by ``reshape``. The copy's kernel must
+    not recompute the keys at their unexpanded shape: ``clone`` would then make the smaller
+    tensor, and the plan's reference run (``kernelab.explain``) failed in the ``view`` after it
+    ("shape '[2, 8, 16, 8]' is invalid for input of size 512", a Llama training step)."""
+    k, q = torch.randn(2, 2, 16, 8), torch.randn(2, 8, 16, 8)
+
+    def attend(k, q):
+        keys = repeat_kv(k * 2.0 + 1.0, 4)
+        return (q @ keys.transpose(-1, -2)).softmax(-1)
+
+    plan = klc.explain(attend, k, q)
+    assert plan.graphs
+    assert rel_norm(torch.compile(attend, backend="kernelab")(k, q), attend(k, q)) <= REL
