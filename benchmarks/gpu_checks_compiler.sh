@@ -57,7 +57,7 @@
 # Call 15 (CALL=15, stop 45): the recompute and reuse GPU tests, then GPT-2's and Llama's training steps
 # (models.py; CALL=16: Mixtral's and T5's; CALL=17: Llama's training memory and GPU plan, then
 # Llama's and GPT-2's inference steps; CALL=18: after the fix of the failure CALL=17's plan found,
-# Llama's plan and Llama's and Mixtral's training steps again) after a kernel recomputes short chains of another's ops (a causal LM's
+# Llama's plan and Llama's and Mixtral's training steps again; CALL=19, stop 46: call 18 cut to Llama) after a kernel recomputes short chains of another's ops (a causal LM's
 # mean cross-entropy: its count of kept labels shares the kernel of its sum of losses) and after
 # stop 44's fix of the first call's inputs kept alive (GPT-2's training peak).
 set -uo pipefail
@@ -167,6 +167,17 @@ if [ "${CALL:-2}" = 18 ]; then  # stop 45: call 17's plan failed (repeat_kv's co
     tar czf "$OUT/plans.tgz" -C "$OUT" plans && rm -rf "$OUT/plans"
     timeout "$(left 420)" python3 benchmarks/models.py "$OUT/models" --only llama,mixtral \
         --modes eager,inductor,kernelab --steps train --budget-s 380 > "$OUT/models.log" 2>&1
+    echo "models rc=$? (${SECONDS}s)"; tail -6 "$OUT/models.log" | cut -c1-230
+    exit 0
+fi
+if [ "${CALL:-2}" = 19 ]; then  # stop 46: call 18 in a short budget (413 s of device time left): Llama only
+    timeout "$(left 40)" python3 -m pytest tests/gpu/test_recompute_gpu.py -q -p no:cacheprovider -W ignore \
+        -rf --tb=short > "$OUT/gpu_tests.txt" 2>&1
+    echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | head -5
+    plans 100 llama:train
+    tar czf "$OUT/plans.tgz" -C "$OUT" plans && rm -rf "$OUT/plans"
+    timeout "$(left 200)" python3 benchmarks/models.py "$OUT/models" --only llama \
+        --modes eager,inductor,kernelab --steps train --budget-s 150 > "$OUT/models.log" 2>&1
     echo "models rc=$? (${SECONDS}s)"; tail -6 "$OUT/models.log" | cut -c1-230
     exit 0
 fi

@@ -330,7 +330,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
     ``donated``: inputs whose memory kernels may store outputs over (``_donated_inputs``)."""
     from . import graph, plan, rewrites, runtime
 
-    runnable, why = _can_run(example_inputs, gm)  # may import triton: a once-per-process cost
+    devices = _devices(example_inputs, gm)
+    runnable, why = _can_run(devices)  # may import triton: a once-per-process cost
     t0 = time.perf_counter()
     try:
         # a plan (``kernelab.count``/``explain``) predicts the GPU's kernels, whatever the tensors
@@ -338,7 +339,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
         if later is not None:
             rewrites.batch_norm_forwards_decomposed(gm, later)
         part = graph.partition(gm)
-        runner = runtime.GraphRunner.build(gm, part, runnable and _any_cpu(example_inputs), visible_outputs, tiling,
+        runner = runtime.GraphRunner.build(gm, part, runnable and "cpu" in devices, visible_outputs, tiling,
                                            donated)
     except Exception as exc:  # a compiler bug must not break the user's program: ATen runs it
         if config.strict():
@@ -399,11 +400,17 @@ def _any_cpu(example_inputs) -> bool:
     return any(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0 for t in example_inputs)
 
 
-def _can_run(example_inputs, gm) -> tuple[bool, str]:
-    """Generated kernels need CUDA tensors, or CPU tensors with Triton's interpreter on."""
+def _devices(example_inputs, gm) -> set[str]:
+    """The device types of the graph's tensors of at least one dim, inputs and values alike (a 0-dim
+    CPU tensor is a scalar any device's kernel reads): a backward whose inputs are all 0-dim still
+    computes its values on the CPU."""
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor) and t.dim() > 0}
-    devices |= {n.meta["val"].device.type for n in gm.graph.nodes
-                if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() > 0}
+    return devices | {n.meta["val"].device.type for n in gm.graph.nodes
+                      if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() > 0}
+
+
+def _can_run(devices: set[str]) -> tuple[bool, str]:
+    """Generated kernels need CUDA tensors, or CPU tensors with Triton's interpreter on."""
     if devices - {"cuda", "cpu"}:
         return False, f"tensors on {', '.join(sorted(devices - {'cuda', 'cpu'}))}: no Triton kernels there"
     if "cpu" in devices:

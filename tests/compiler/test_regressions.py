@@ -1369,3 +1369,18 @@ def test_a_full_reduction_of_a_channels_last_tensor_is_a_generated_row(op):
     assert all(n.startswith("kl_") for n in names) and names == contiguous, (names, contiguous)
     assert len(names) == (1 if op != "amax" else 2), names
     _gradients_and_values_as_eager(f, [x], torch.tensor(0.7))
+
+
+def test_a_backward_whose_inputs_are_all_scalars_runs_interpreted_on_the_cpu():
+    """Found by a random-program sweep: ``where(w > w, 1, -1)`` does not depend on ``w``'s values,
+    so the backward of a program summing it (broadcast against ``y - w``) is left with 0-dim
+    tangents as its only inputs, yet computes (4, 8) CPU tensors, a column sum among them. Whether
+    a graph runs under the interpreter was decided from its inputs of at least one dim only: none,
+    so the column kernel asked CUDA for its SM count ("Found no NVIDIA driver")."""
+    def f(y, w):
+        v1 = y - w
+        v2 = torch.where(w > w, 1.0, -1.0)
+        v3 = torch.tanh(v2)
+        return v3.sum() + (v3 + v1).sum() * 2 + v2.sum() * 3 + (v3 ** 2).sum() * 0.01
+
+    _gradients_and_values_as_eager(f, [_r(4, 8, grad=True), _r(8, seed=1, grad=True)], torch.tensor(0.7))
