@@ -544,7 +544,7 @@ class _State:
             return
         for other in self._producer_groups(node):
             role = self._sibling_role(group, other)
-            if other is group or role is None or not _gathers_read_memory(group.nodes + other.nodes):
+            if other is group or role is None or not _placed_reads_from_memory(group.nodes + other.nodes):
                 continue
             if any(self._depends_on(p, group.nodes) for n in other.nodes for p in n.all_input_nodes
                    if self.group_of.get(p) is not other):
@@ -652,11 +652,15 @@ def _stays_pointwise(group: Group) -> bool:
     return fusion.has_cat(group) or fusion.has_gather(group) or fusion.has_scatter(group)
 
 
-def _gathers_read_memory(nodes) -> bool:
-    """Would every gather among ``nodes`` (one kernel's, merged) still read its source from memory,
-    and every index computed among them broadcast as the gather reads it (``fusion._gather_role``)?"""
+def _placed_reads_from_memory(nodes) -> bool:
+    """Would every cat among ``nodes`` (one kernel's, merged) still read its pieces from memory,
+    every gather its source, and every index computed among them broadcast as the gather reads it
+    (``fusion._gather_role``)? (A cat's group merged with its pieces' producers, the pieces
+    computed in registers and stored nowhere, made a runner that named a value never written.)"""
     members = set(nodes)
     for n in nodes:
+        if fusion.is_cat(n) and any(piece in members for piece, _, _ in fusion.cat_pieces(n)):
+            return False
         if fusion.is_gather(n):
             parts = fusion.gather_parts(n)
             if parts.source in members or (parts.trail and any(i in members for i in parts.indices)):

@@ -1384,3 +1384,17 @@ def test_a_backward_whose_inputs_are_all_scalars_runs_interpreted_on_the_cpu():
         return v3.sum() + (v3 + v1).sum() * 2 + v2.sum() * 3 + (v3 ** 2).sum() * 0.01
 
     _gradients_and_values_as_eager(f, [_r(4, 8, grad=True), _r(8, seed=1, grad=True)], torch.tensor(0.7))
+
+
+def test_a_cat_and_its_pieces_producers_stay_in_separate_kernels():
+    """Found by a random-program sweep (and there before stop 45): ``gt(a, cat([a - a, a]))``
+    read both the cat and its piece ``a``; the pieces' kernel (of the smaller shape, read only by
+    the cat's kernel) merged into the cat's as a broadcast sibling, so the pieces were computed in
+    registers and stored nowhere, and the cat read them from memory: the runner named a value
+    never written (``NameError: name 'v9' is not defined``)."""
+    def f(z):
+        a = z.sum(0, keepdim=True).abs()
+        c = torch.cat([a - a, a], -1)
+        return torch.where(a > c, 1.0, -1.0).sum() * 2 + c.sum() * 3
+
+    _gradients_and_values_as_eager(f, [_r(2, 4, 1, grad=True)], torch.tensor(0.7))
