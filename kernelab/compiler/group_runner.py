@@ -796,6 +796,7 @@ class SymbolValues:
             if isinstance(t, torch.Tensor):
                 for m, r in zip(fusion.value(node).shape, t.shape):
                     known[_expr(m)] = r
+                    known.setdefault(_unreplaced(m), r)
         for node, v in zip(scalar_nodes, scalar_values):
             known[_expr(fusion.value(node))] = int(v)
         return cls(known, where)
@@ -818,6 +819,13 @@ class SymbolValues:
 def _expr(size):
     """A size as a sympy expression (an int stays an int)."""
     return size.node.expr if isinstance(size, torch.SymInt) else size
+
+
+def _unreplaced(size):
+    """A size's expression before the shape environment's replacements. A guard made while planning
+    (``s17 == 6``, comparing two shapes) replaces s17 by 6 in ``_expr`` from then on, but a group's
+    shape taken earlier still names s17: bound from the inputs under both names, it resolves."""
+    return getattr(size.node, "_expr", size.node.expr) if isinstance(size, torch.SymInt) else size
 
 
 def _device(tensors) -> torch.device:

@@ -1238,8 +1238,8 @@ def _lift_unsqueeze(gm, node) -> list | None:
     # every operand a tensor of the result's shape (a symbolic size operand, as in an embedding's
     # padding mask under dynamic shapes, is not a tensor to unsqueeze)
     if not operands or "memory_format" in src.kwargs or \
-            any(not isinstance(fusion.value(a), torch.Tensor) or tuple(fusion.value(a).shape) != tuple(val.shape)
-                for a in operands):
+            any(not isinstance(fusion.value(a), torch.Tensor) or fusion.dims(a) != fusion.dims(src)
+                for a in operands):  # (compared as expressions: comparing SymInts adds guards)
         return None
     b = Builder(gm, node, val)
     args = [b.op(aten.unsqueeze.default, a, dim) if isinstance(a, fx.Node) else a for a in src.args]
@@ -1507,7 +1507,7 @@ def _casts_through_views_once(gm: fx.GraphModule, free_views: tuple) -> int:
             continue
         src = node.args[0]
         views = list(node.users)
-        if views and _computed_by_aten(src) and all(_moves_with_casts(v, free_views) and v.args[0] is node for v in views):
+        if views and _computed_by_aten(src) and all(_moves_with_casts(v, free_views, src) and v.args[0] is node for v in views):
             count += sum(_swap(gm, v, view_args=(src, *v.args[1:]), cast=node) for v in views)
         elif (isinstance(src, fx.Node) and _moves_with_casts(src, free_views) and len(src.users) == 1
               and isinstance(src.args[0], fx.Node) and not _computed_by_aten(src.args[0])):
@@ -1630,7 +1630,8 @@ def _lone_view_into_copy(node) -> fx.Node | None:
     operands = [a for a in node.args if isinstance(a, fx.Node)]
     if (fusion.classify(node)[0] != "pointwise" or not operands or not isinstance(val, torch.Tensor)
             or any(isinstance(a, (list, tuple)) for a in node.args)
-            or any(not _computed_by_aten(a) or getattr(fusion.value(a), "shape", None) != val.shape for a in operands)):
+            or any(not _computed_by_aten(a) or not isinstance(fusion.value(a), torch.Tensor) or fusion.dims(a) != fusion.dims(node)
+                   for a in operands)):
         return None
     view = next(iter(node.users))
     free = _PERMUTES + _SQUEEZES + _SLICES
@@ -1642,13 +1643,18 @@ def _lone_view_into_copy(node) -> fx.Node | None:
     return view if fusion.target_name(end) == "aten.clone.default" else None
 
 
-def _moves_with_casts(view, free_views: tuple) -> bool:
-    """One of ``free_views``, or a reshape of a contiguous tensor: the same view of the cast values
-    exists."""
+def _moves_with_casts(view, free_views: tuple, base=None) -> bool:
+    """One of ``free_views``, or a reshape of a contiguous tensor: the same view of ``base`` (the
+    view's input by default; the cast's input when the view moves before the cast) exists. (A
+    cast of a slice is contiguous where the slice is not: a reshape of the cast moved onto the
+    slice failed to compile.)"""
     name = fusion.target_name(view)
     if name in free_views:
         return True
-    return name in _RESHAPES and isinstance(view.args[0], fx.Node) and fusion.value(view.args[0]).is_contiguous()
+    if name not in _RESHAPES:
+        return False
+    base = view.args[0] if base is None else base
+    return isinstance(base, fx.Node) and fusion.value(base).is_contiguous()
 
 
 def gathers_before_casts(gm: fx.GraphModule) -> int:

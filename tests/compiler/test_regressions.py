@@ -1398,3 +1398,68 @@ def test_a_cat_and_its_pieces_producers_stay_in_separate_kernels():
         return torch.where(a > c, 1.0, -1.0).sum() * 2 + c.sum() * 3
 
     _gradients_and_values_as_eager(f, [_r(2, 4, 1, grad=True)], torch.tensor(0.7))
+
+
+def test_a_size_that_changes_to_equal_another_compiles_without_a_guard_and_runs():
+    """Found by a random-program sweep: with the rows of ``y`` dynamic (5, then 6, equal to its
+    width 6), two rewrites compared shapes as SymInts (``tuple(a.shape) != tuple(b.shape)``), which
+    guards ``s17 == 6`` and replaces s17 by 6 in the shape environment; the kernel's shape, taken
+    before, still named s17, its inputs' shapes now said 6, and the runner raised "the size s17 in
+    kl_fused_sub is not known from its inputs". Shapes are compared as expressions now (no guard:
+    a fourth size compiles nothing new), and a guard made elsewhere no longer breaks the runner
+    (next test)."""
+    def f(y, w):
+        v1 = w - y
+        v2 = (w > 0).float() * 2
+        v3 = v1.unsqueeze(0)
+        v5 = torch.cat([v2, torch.cat([v2, v2], -1)], -1)
+        return v3.sum() + v1.sum() * 2 + v5.sum() * 3 + (v3 ** 2).sum() * 0.01
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="kernelab")
+    for rows in (5, 6, 6, 7):
+        if rows == 7:
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        y, w = _r(rows, 6, seed=rows, grad=True), _r(6, seed=1, grad=True)
+        got, want = compiled(y, w), f(y, w)
+        assert_close(got, want, what=f"value, {rows} rows")
+        for a, e in zip(torch.autograd.grad(got, (y, w)), torch.autograd.grad(want, (y, w))):
+            assert_close(a, e, what=f"gradient, {rows} rows")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "7 rows compiled again: a guard"
+
+
+def test_symbol_values_bind_a_size_the_shape_environment_replaced_since():
+    """A guard made while planning replaces a symbol in every SymInt's expression; a kernel's
+    shape taken before still names the symbol. Both names are bound from the inputs."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from kernelab.compiler.group_runner import SymbolValues
+
+    env = ShapeEnv()
+    symbol = env.create_symbol(6, ConstantSource("rows"))
+    rows = env.create_symintnode(symbol, hint=6)
+    with FakeTensorMode(shape_env=env):
+        meta = torch.empty(rows, 6)
+    node = torch.fx.Graph().placeholder("y")
+    node.meta["val"] = meta
+    assert bool(rows == 6)  # the guard: s -> 6 from now on
+    values = SymbolValues.bind([node], [torch.empty(6, 6)], [], [], "kl_test")
+    assert values.shape((symbol, 6)) == (6, 6)
+
+
+def test_a_reshape_of_a_cast_slice_is_not_moved_onto_the_slice():
+    """Found by a random-program sweep (float16): ``y[..., 1:].float().view(-1)``. The cast's
+    output is contiguous where the slice is not, and ``casts_through_views`` moved the reshape
+    before the cast onto the slice: "Cannot view a tensor with shape [4, 5] and strides (6, 1)"
+    while compiling. A reshape moves before a cast only where the cast's input is contiguous."""
+    def f(y, z):
+        kept = y[..., 1:]
+        return kept.float().sum() + (z - y).float().sum() * 2 + (kept ** 2).sum() * 0.01
+
+    y, z = _r(4, 6).half().requires_grad_(), _r(2, 4, 1, seed=1).half().requires_grad_()
+    got, want = torch.compile(f, backend="kernelab")(y, z), f(y, z)
+    assert_close(got, want, torch.float16, what="value")  # (eager rounds z - y to float16 first)
+    for a, e in zip(torch.autograd.grad(got, (y, z)), torch.autograd.grad(want, (y, z))):
+        assert_close(a, e, torch.float16, what="gradient")
