@@ -12,7 +12,7 @@ import torch
 import torch.fx as fx
 
 from . import fusion
-from .ops_table import COMPARE, NARROW_FLOATS, NO_PROMOTION, POINTWISE, compute_type, literal, tl_type
+from .ops_table import COMPARE, NARROW_FLOATS, NO_PROMOTION, POINTWISE, ROUNDS_ITS_OPERANDS, compute_type, literal, tl_type
 
 __all__ = ["Load", "loads_of", "piece_of", "gather_of", "arange_of", "Emitter", "local_name", "name_locally",
            "var_name", "doc_lines", "node_expression", "emit_coordinates", "strided_signature", "full_load",
@@ -289,6 +289,8 @@ def node_expression(em: Emitter, node) -> str:
             bound[key] = em.operand(value, "tl.int1")
         elif key in ("self", "other", "a", "input", "exponent", "min", "max"):
             bound[key] = em.operand(value, want, common)
+            if name in ROUNDS_ITS_OPERANDS and _narrow_tensor(value) and common in NARROW_FLOATS:
+                bound[key] = f"{bound[key]}.to({tl_type(common)}).to(tl.float32)"
         elif isinstance(value, str):
             bound[key] = repr(value)
         else:
@@ -301,6 +303,12 @@ def node_expression(em: Emitter, node) -> str:
     if name in ("prims.convert_element_type.default", "aten._to_copy.default"):
         expr = _convert(expr, fusion.value(node.args[0]).dtype, fusion.value(node).dtype)
     return expr
+
+
+def _narrow_tensor(arg) -> bool:
+    """A float16/bfloat16 tensor operand (held in float32 in the kernel)."""
+    return isinstance(arg, fx.Node) and not fusion.is_constant(arg) and \
+        isinstance(fusion.value(arg), torch.Tensor) and fusion.value(arg).dtype in NARROW_FLOATS
 
 
 def _convert(expr: str, src: torch.dtype, dst: torch.dtype) -> str:

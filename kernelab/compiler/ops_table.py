@@ -12,8 +12,8 @@ import math
 
 import torch
 
-__all__ = ["POINTWISE", "REDUCTIONS", "VIEWS", "CONSTANTS", "COMPARE", "NARROW_FLOATS", "compute_type", "literal",
-           "tl_type"]
+__all__ = ["POINTWISE", "REDUCTIONS", "VIEWS", "CONSTANTS", "COMPARE", "NARROW_FLOATS", "ROUNDS_ITS_OPERANDS",
+           "compute_type", "literal", "tl_type"]
 
 _TL = {
     torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
@@ -202,6 +202,13 @@ COMPARE = {
 }
 for _name, _op in COMPARE.items():
     POINTWISE[_name] = (lambda op: lambda a: f"{a['self']} {op} {a['other']}")(_op)
+
+#: Ops whose result jumps where their input crosses a value (comparisons, floor and its kin): a
+#: float16/bfloat16 operand computed in the kernel is rounded to its own type first, as eager's
+#: stored operand is. Unrounded, a max's backward recomputing ``x * w`` in float32 compared it
+#: with the float16 maximum it was taken from, never equal: 0 matches, and 0/0 gradients (NaN).
+ROUNDS_ITS_OPERANDS = frozenset(COMPARE) | {"aten.floor.default", "aten.ceil.default", "aten.trunc.default",
+                                            "aten.round.default", "aten.sign.default"}
 
 # Ops whose tensor operands keep their own type (no promotion to the result's type).
 NO_PROMOTION = {"aten.where.self", "prims.convert_element_type.default", "aten._to_copy.default",

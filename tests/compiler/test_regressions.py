@@ -1463,3 +1463,25 @@ def test_a_reshape_of_a_cast_slice_is_not_moved_onto_the_slice():
     assert_close(got, want, torch.float16, what="value")  # (eager rounds z - y to float16 first)
     for a, e in zip(torch.autograd.grad(got, (y, z)), torch.autograd.grad(want, (y, z))):
         assert_close(a, e, torch.float16, what="gradient")
+
+
+@pytest.mark.parametrize("op", ["amax", "floor"])
+def test_a_float16_value_computed_in_a_kernel_is_rounded_before_it_is_compared(op):
+    """Found by a random-program sweep (float16): ``(x * w).amax(1).sum()``'s backward recomputes
+    ``x * w`` and compares it with the saved float16 maximum to find where the maximum was. The
+    kernel held the product in float32, unrounded, so it equalled no float16 maximum: no match in
+    any row, a 0/0 and NaN gradients. Comparisons (and floor, ceil, round, trunc, sign) now round a
+    float16/bfloat16 operand to its own type first, as eager's stored operand is."""
+    def f(x, w):
+        y = x * w
+        return y.amax(1, keepdim=True).sum() if op == "amax" else (torch.floor(y) * y).sum()
+
+    x, w = _r(3, 5, 6).half().requires_grad_(), _r(6, seed=1).half().requires_grad_()
+    if op == "floor":  # products just past an integer in float32 that round onto it in float16
+        x = torch.tensor([4.7578125, -5.73046875, -3.73828125, 1.5], dtype=torch.float16, requires_grad=True)
+        w = torch.tensor([-5.46484375, 3.31640625, 5.3515625, 2.0], dtype=torch.float16, requires_grad=True)
+    got, want = torch.compile(f, backend="kernelab")(x, w), f(x, w)
+    assert_close(got, want, torch.float16, what="value")
+    for a, e in zip(torch.autograd.grad(got, (x, w)), torch.autograd.grad(want, (x, w))):
+        assert not a.isnan().any(), "NaN gradient"
+        assert_close(a, e, torch.float16, what="gradient")
