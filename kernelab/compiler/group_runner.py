@@ -698,8 +698,8 @@ class GroupRunner:
     def prepare_column(self, raw, shape, device) -> "Call":
         g = self.group
         n_cols, rows = shape[-1], math.prod(shape[:-1])
-        if not any(load.role == "full" for load in self.loads):
-            raise ValueError("a column reduction without a full-size input")
+        # (a sum of values computed from constants alone, a zero gradient's column sum, loads no
+        # full-size tensor: its rows are walked by index, every stride 0)
         ins = [t.expand(shape) if load.role == "full" else _as_cols(t, n_cols) for t, load in zip(raw, self.loads)]
         outs = [_alloc_cols(n, n_cols, META) if g.roles[n] == "col" else torch.empty(shape, dtype=fusion.value(n).dtype,
                                                                                      device=META)

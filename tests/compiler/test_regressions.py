@@ -1485,3 +1485,17 @@ def test_a_float16_value_computed_in_a_kernel_is_rounded_before_it_is_compared(o
     for a, e in zip(torch.autograd.grad(got, (x, w)), torch.autograd.grad(want, (x, w))):
         assert not a.isnan().any(), "NaN gradient"
         assert_close(a, e, torch.float16, what="gradient")
+
+
+def test_a_column_sum_of_values_computed_from_constants_alone_is_generated():
+    """Found by a random-program sweep: ``floor``'s gradient is zero, so the backward of
+    ``exp(floor((w - y) * 3))`` sums a (5, 8) zero fill times 3 over its rows for ``w``'s
+    gradient: a column kernel that loads no full-size tensor. It raised "a column reduction
+    without a full-size input" at its first launch (ATen ran it, with a warning). Its rows are
+    walked by index now; a forward column sum of a constant likewise."""
+    def f(y, w):
+        return torch.exp(torch.floor((w - y) * 3)).sum() + (torch.full((5, 8), 2.0) * 3).sum(0) @ w
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning either
+        _gradients_and_values_as_eager(f, [_r(5, 8), _r(8, seed=1)], torch.tensor(0.7))
