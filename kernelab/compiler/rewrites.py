@@ -34,7 +34,7 @@ from . import fusion, layout, ops_table
 __all__ = ["Builder", "one_hot_indexing", "multiplications_by_one", "unsqueezed_repeats", "pads_as_cats", "slices_through_cats", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "half_precision_scatters_in_float32",
-           "small_sums_as_adds",
+           "small_sums_as_adds", "reductions_of_one_element",
            "inputs_in_row_space", "trailing_reductions_as_rows",
            "conv_biases_as_adds", "clones_read_through_permutes", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norm_forwards_decomposed", "batch_norms_in_place", "cuda_clamps_without_nan_bounds", "gathers_before_casts",
@@ -53,7 +53,7 @@ def rewrite(gm: fx.GraphModule) -> int:
             + batch_norms_in_place(gm)
             + fills_without_inputs(gm) + cats_without_empties(gm) + pads_as_cats(gm) + slices_through_cats(gm)
             + scatters_as_cats(gm)
-            + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
+            + reductions_of_one_element(gm) + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
             + batch_norm_statistics_as_columns(gm) + batch_norm_statistics_as_rows_then_columns(gm)
             + full_reductions_as_rows(gm) + innermost_kept_sums_as_columns(gm) + middle_dims_kept_as_rows_then_columns(gm)
             + trailing_reductions_as_rows(gm) + prologues_in_row_space(gm) + aranges_as_constants(gm)
@@ -1977,6 +1977,48 @@ def _row_regrouping(node) -> tuple | None:
 
 #: a sum over inner dims of at most this many elements becomes that many adds
 SMALL_SUM_MAX = 16
+
+
+_ONE_ELEMENT_REDUCTIONS = (aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default)
+
+
+def reductions_of_one_element(gm: fx.GraphModule) -> int:
+    """A sum, mean or extreme over dims of size 1 only -> its input, cast to the result's dtype (a
+    fresh value, as the reduction's), the reduced dims squeezed unless kept. A softmax over a dim
+    of size 1 has such a sum in its backward: the kernel's elements and its column values then
+    had the same shape, every op took the column role, and the loop summing the rows read a value
+    computed only after it (a kernel that did not run). Found by a random-program sweep."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _ONE_ELEMENT_REDUCTIONS:
+            continue
+        dims = _one_element_dims(node)
+        if dims is None:
+            continue
+        val = fusion.value(node)
+        b = Builder(gm, node, val)
+        out = b.op(prims.convert_element_type.default, node.args[0], val.dtype)
+        if not fusion.bound_args(node).get("keepdim", False):
+            out = b.op(aten.squeeze.dims, out, dims)
+        node.replace_all_uses_with(out)
+        count += 1
+    return _cleanup(gm, count)
+
+
+def _one_element_dims(node) -> list | None:
+    """The reduced dims (>= 0) where each has size 1 and the reduction is an identity, else None."""
+    args = fusion.bound_args(node)
+    src, val = args.get("self"), fusion.value(node)
+    sval = fusion.value(src) if isinstance(src, fx.Node) else None
+    if not isinstance(sval, torch.Tensor) or not isinstance(val, torch.Tensor) or not hasattr(val, "fake_mode") \
+            or sval.dim() == 0 or not fusion.static_shape(sval):
+        return None
+    dims = args.get("dim")
+    dims = [dims] if isinstance(dims, int) else list(dims or range(sval.dim()))
+    dims = sorted({d % sval.dim() for d in dims})
+    if any(sval.shape[d] != 1 for d in dims) or sval.numel() == 0:
+        return None
+    return dims
 
 
 def small_sums_as_adds(gm: fx.GraphModule) -> int:

@@ -1499,3 +1499,21 @@ def test_a_column_sum_of_values_computed_from_constants_alone_is_generated():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning either
         _gradients_and_values_as_eager(f, [_r(5, 8), _r(8, seed=1)], torch.tensor(0.7))
+
+
+@pytest.mark.parametrize("case", ["softmax", "count", "mean"])
+def test_a_reduction_over_dims_of_size_one_is_its_input(case):
+    """Found by a random-program sweep: the backward of a softmax over a dim of size 1 sums over
+    that dim; the kernel's elements and its column values had the same shape, every op took the
+    column role, and the loop summing the rows read a value computed after it ("cannot access
+    local variable 'v_n10'" in the interpreter). Such a reduction is its input now, cast to the
+    result's dtype (a count of booleans is int64)."""
+    def f(w):
+        x = w.unsqueeze(0)
+        if case == "softmax":
+            return (torch.softmax(x, 0) * torch.arange(8.0)).sum()
+        if case == "count":
+            return (x > 0).sum(0).float() * w
+        return x.mean((0,), keepdim=True).amax(0) * w
+
+    _gradients_and_values_as_eager(f, [_r(8)], torch.tensor(0.7) if case == "softmax" else _r(8, seed=3))

@@ -1,0 +1,146 @@
+"""Random programs as people write them from tensors of a few shapes: chains of elementwise ops
+and broadcasts, views (unsqueeze, expand, slices, transposes, permutes, reshapes), cats and
+reductions (sums, extremes, softmax, logsumexp, cumsum, variance, layer norm, counts), several of
+them read by more than one later op. Whatever the compiler groups, recomputes, merges or leaves to
+ATen, the values and gradients must be eager's.
+
+A program is Python source built from a seed (``program(seed)``): a failure prints the source, and
+the seed reproduces it. Its inputs: x (B, S, N), y (S, N), z (B, S, 1), w (N,).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+UNARY = ("F.gelu({})", "F.silu({})", "F.softplus({})", "{}.half().float()", "torch.clamp({}, -0.5, 0.7)",
+         "torch.log1p({}.abs())", "torch.sqrt({}.abs() + 0.1)", "torch.floor({} * 3)", "(({} > 0).float() * 2)",
+         "torch.exp({})", "torch.sigmoid({})", "-{}", "torch.abs({})", "torch.tanh({})", "({} * 0.5)",
+         "torch.relu({})", "torch.where({0} > 0.1, {0}, 0.0)", "({} ** 2)", "torch.rsqrt({}.abs() + 1.0)")
+BINARY = ("({} + {})", "({} * {})", "({} - {})", "torch.maximum({}, {})", "torch.where({} > {}, 1.0, -1.0)")
+REDUCTIONS = ("sum", "amax", "mean", "softmax", "logsumexp", "cumsum", "var", "layer_norm", "max", "sum_dropped",
+              "count_positive")
+
+
+@dataclass
+class Program:
+    seed: int
+    source: str
+    sizes: tuple  # (B, S, N)
+
+    def function(self):
+        space = {"torch": torch, "F": F}
+        exec(compile(self.source, f"<random program {self.seed}>", "exec"), space)
+        return space["fn"]
+
+    def inputs(self, sizes=None, dtype=torch.float32, seed=None) -> list[torch.Tensor]:
+        b, s, n = sizes or self.sizes
+        g = torch.Generator().manual_seed(self.seed if seed is None else seed)
+        shapes = ((b, s, n), (s, n), (b, s, 1), (n,))
+        return [torch.randn(shape, generator=g).to(dtype) for shape in shapes]
+
+
+class _Writer:
+    def __init__(self, rng: random.Random, sizes: tuple):
+        b, s, n = sizes
+        self.rng, self.lines = rng, ["def fn(x, y, z, w):"]
+        self.shapes = {"x": (b, s, n), "y": (s, n), "z": (b, s, 1), "w": (n,)}
+        self.names = list(self.shapes)
+
+    def value(self, recent: int, bias: float) -> str:
+        """A value, most often one of the last few (chains), sometimes any earlier one (reuse)."""
+        return self.rng.choice(self.names[-recent:] if self.rng.random() < bias else self.names)
+
+    def new(self, expression: str, shape: tuple) -> str:
+        name = f"v{len(self.names) - 3}"
+        self.lines.append(f"    {name} = {expression}")
+        self.shapes[name] = tuple(shape)
+        self.names.append(name)
+        return name
+
+    def statement(self) -> None:
+        rng = self.rng
+        r = rng.random()
+        a = self.value(3, 0.7)
+        shape = self.shapes[a]
+        if r < 0.3:
+            self.new(rng.choice(UNARY).format(a), shape)
+        elif r < 0.55:
+            b = self.value(4, 0.5)
+            try:
+                both = torch.broadcast_shapes(shape, self.shapes[b])
+            except RuntimeError:
+                return
+            self.new(rng.choice(BINARY).format(a, b), both)
+        elif r < 0.7 and len(shape) < 4:
+            d = rng.randint(0, len(shape))
+            self.new(f"{a}.unsqueeze({d})", shape[:d] + (1,) + shape[d:])
+        elif r < 0.78 and 1 in shape:
+            d, size = shape.index(1), rng.choice([2, 3])
+            target = [-1] * len(shape)
+            target[d] = size
+            self.new(f"{a}.expand({tuple(target)})", shape[:d] + (size,) + shape[d + 1:])
+        elif r < 0.8 and len(shape) >= 2 and shape[-1] > 1:
+            self.new(f"{a}[..., 1:]", shape[:-1] + (shape[-1] - 1,))
+        elif r < 0.82 and shape:
+            b = rng.choice([n for n in self.names if len(self.shapes[n]) == len(shape)
+                            and self.shapes[n][:-1] == shape[:-1]])
+            self.new(f"torch.cat([{a}, {b}], -1)", shape[:-1] + (shape[-1] + self.shapes[b][-1],))
+        elif r < 0.84 and len(shape) == 3:
+            self.new(f"{a}.permute(2, 0, 1)", (shape[2], shape[0], shape[1]))
+        elif r < 0.85 and len(shape) >= 2:
+            self.new(f"{a}.transpose(-1, -2)", shape[:-2] + (shape[-1], shape[-2]))
+        elif r < 0.9 and len(shape) >= 2:
+            self.new(f"{a}.reshape(-1, {shape[-1]})", (_numel(shape) // shape[-1], shape[-1]))
+        else:
+            self.reduction(a, shape)
+
+    def reduction(self, a: str, shape: tuple) -> None:
+        if not shape:
+            return  # (a single value: nothing to reduce over)
+        op, d = self.rng.choice(REDUCTIONS), self.rng.randint(0, len(shape) - 1)
+        kept, dropped = shape[:d] + (1,) + shape[d + 1:], shape[:d] + shape[d + 1:]
+        expression, out = {
+            "sum": (f"{a}.sum({d}, keepdim=True)", kept),
+            "amax": (f"{a}.amax({d}, keepdim=True)", kept),
+            "mean": (f"{a}.mean({d}, keepdim=True)", kept),
+            "softmax": (f"torch.softmax({a}, {d})", shape),
+            "logsumexp": (f"torch.logsumexp({a}, {d}, keepdim=True)", kept),
+            "cumsum": (f"torch.cumsum({a}, {d})", shape),
+            "var": (f"{a}.var({d}, keepdim=True)", kept),
+            "layer_norm": (f"F.layer_norm({a}, ({shape[-1]},))", shape),
+            "max": (f"{a}.max({d}).values", dropped),
+            "sum_dropped": (f"{a}.sum({d})", dropped),
+            "count_positive": (f"({a} > 0).sum({d}).float()", dropped),
+        }[op]
+        if op == "var" and shape[d] == 1:
+            return  # (a variance of one value is NaN in eager and compiled alike: nothing to learn)
+        self.new(expression, out)
+
+    def source(self) -> str | None:
+        made = self.names[4:]
+        if not made:
+            return None
+        picks = self.rng.sample(made, min(len(made), self.rng.randint(1, 3)))
+        terms = [f"{p}.float().sum() * {i + 1}" for i, p in enumerate(picks)] + [f"({picks[0]} ** 2).sum() * 0.01"]
+        return "\n".join(self.lines + ["    return " + " + ".join(terms)])
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def program(seed: int) -> Program | None:
+    """The program of ``seed`` (None for the rare seed whose statements made no value)."""
+    rng = random.Random(seed)
+    sizes = (rng.choice([2, 3]), rng.choice([4, 5]), rng.choice([8, 6]))
+    writer = _Writer(rng, sizes)
+    for _ in range(rng.randint(4, 10)):
+        writer.statement()
+    source = writer.source()
+    return Program(seed, source, sizes) if source else None
