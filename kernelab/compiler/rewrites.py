@@ -2007,6 +2007,15 @@ def reductions_of_one_element(gm: fx.GraphModule) -> int:
 
 def _one_element_dims(node) -> list | None:
     """The reduced dims (>= 0) where each has size 1 and the reduction is an identity, else None."""
+    parts = _reduction_parts(node)
+    if parts is None or any(parts[1].shape[d] != 1 for d in parts[2]) or parts[1].numel() == 0:
+        return None
+    return parts[2]
+
+
+def _reduction_parts(node) -> tuple | None:
+    """(source, its meta value, the reduced dims >= 0 in order (none given: every dim), keepdim) of
+    a reduction over a tensor of static shape and rank >= 1, else None."""
     args = fusion.bound_args(node)
     src, val = args.get("self"), fusion.value(node)
     sval = fusion.value(src) if isinstance(src, fx.Node) else None
@@ -2015,10 +2024,7 @@ def _one_element_dims(node) -> list | None:
         return None
     dims = args.get("dim")
     dims = [dims] if isinstance(dims, int) else list(dims or range(sval.dim()))
-    dims = sorted({d % sval.dim() for d in dims})
-    if any(sval.shape[d] != 1 for d in dims) or sval.numel() == 0:
-        return None
-    return dims
+    return src, sval, sorted({d % sval.dim() for d in dims}), bool(args.get("keepdim", False))
 
 
 def small_sums_as_adds(gm: fx.GraphModule) -> int:
@@ -2058,22 +2064,17 @@ def small_sums_as_adds(gm: fx.GraphModule) -> int:
 
 def _small_sum(node) -> tuple | None:
     """(source, reduced dims >= 0, keepdim) of a float sum over a few inner elements, else None."""
-    args = fusion.bound_args(node)
-    src, dims, keepdim = args.get("self"), args.get("dim"), bool(args.get("keepdim", False))
-    val, sval = fusion.value(node), fusion.value(src) if isinstance(src, fx.Node) else None
-    if args.get("dtype") is not None or not isinstance(sval, torch.Tensor) or not isinstance(val, torch.Tensor):
+    parts = _reduction_parts(node)
+    val = fusion.value(node)
+    if parts is None or fusion.bound_args(node).get("dtype") is not None:
         return None
-    if not (hasattr(val, "fake_mode") and val.is_floating_point() and val.dtype == sval.dtype):
+    src, sval, dims, keepdim = parts
+    if not (val.is_floating_point() and val.dtype == sval.dtype):
         return None
     rank = sval.dim()
-    dims = [dims] if isinstance(dims, int) else list(dims or [])
-    dims = sorted({d % rank for d in dims}) if rank else []
-    if not dims or len(dims) == rank or dims == [rank - 1] or dims == list(range(rank - 1)) \
-            or not fusion.static_shape(sval):
+    if len(dims) == rank or dims == [rank - 1] or dims == list(range(rank - 1)):
         return None  # a row or column reduction (the templates generate those), or every dim
-    elements = 1
-    for d in dims:
-        elements *= sval.shape[d]
+    elements = math.prod(sval.shape[d] for d in dims)
     return (src, dims, keepdim) if 1 <= elements <= SMALL_SUM_MAX else None
 
 
