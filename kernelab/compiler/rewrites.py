@@ -2122,8 +2122,8 @@ def scatter_sums_into_one_buffer(gm: fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.add.Tensor or node.kwargs.get("alpha", 1) != 1:
             continue
-        if len(node.args) != 2 or not all(_private_scatter(a, node) for a in node.args):
-            continue
+        if len(node.args) != 2 or node.args[0] is node.args[1] or not all(_private_scatter(a, node) for a in node.args):
+            continue  # (``s + s``: one scatter added to itself is no second buffer to merge)
         first, second = node.args
         if not _zero_fill_of(second):
             first, second = second, first

@@ -1517,3 +1517,18 @@ def test_a_reduction_over_dims_of_size_one_is_its_input(case):
         return x.mean((0,), keepdim=True).amax(0) * w
 
     _gradients_and_values_as_eager(f, [_r(8)], torch.tensor(0.7) if case == "softmax" else _r(8, seed=3))
+
+
+def test_a_scatter_added_to_itself_is_not_merged_into_itself():
+    """Found by a random-program sweep: ``v = w[idx]; (v + v)[idx2]``'s backward adds one
+    accumulating scatter to itself; ``scatter_sums_into_one_buffer`` took it for two scatters and
+    erased the one it had just made the base of the merge ("Tried to erase Node index_put but it
+    still had 1 users": the whole graph ran as ATen with a warning, or raised under strict)."""
+    def f(w):
+        v = w[..., torch.tensor([2, 7, 1])]
+        u = (v + v)[..., torch.tensor([0, 2, 2])]
+        return u.sum() + (u ** 2).sum() * 0.01
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _gradients_and_values_as_eager(f, [_r(8)], torch.tensor(0.7))
