@@ -289,7 +289,7 @@ def node_expression(em: Emitter, node) -> str:
             bound[key] = em.operand(value, "tl.int1")
         elif key in ("self", "other", "a", "input", "exponent", "min", "max"):
             bound[key] = em.operand(value, want, common)
-            if name in ROUNDS_ITS_OPERANDS and _narrow_tensor(value) and common in NARROW_FLOATS:
+            if name in ROUNDS_ITS_OPERANDS and _computed_narrow(em, value) and common in NARROW_FLOATS:
                 bound[key] = f"{bound[key]}.to({tl_type(common)}).to(tl.float32)"
         elif isinstance(value, str):
             bound[key] = repr(value)
@@ -305,9 +305,12 @@ def node_expression(em: Emitter, node) -> str:
     return expr
 
 
-def _narrow_tensor(arg) -> bool:
-    """A float16/bfloat16 tensor operand (held in float32 in the kernel)."""
-    return isinstance(arg, fx.Node) and not fusion.is_constant(arg) and \
+def _computed_narrow(em: Emitter, arg) -> bool:
+    """A float16/bfloat16 tensor operand computed in this kernel: held there in float32, unrounded,
+    so a comparison or a rounding op rounds it to its type first, as eager's stored value is. One
+    loaded from memory is already of its type (rounding it again is a no-op costing two converts
+    an element: a bfloat16 ReLU backward's ``le`` in every model's step)."""
+    return isinstance(arg, fx.Node) and arg in em.group.roles and not fusion.is_constant(arg) and \
         isinstance(fusion.value(arg), torch.Tensor) and fusion.value(arg).dtype in NARROW_FLOATS
 
 

@@ -1487,6 +1487,27 @@ def test_a_float16_value_computed_in_a_kernel_is_rounded_before_it_is_compared(o
         assert_close(a, e, torch.float16, what="gradient")
 
 
+def test_a_float16_operand_loaded_from_memory_is_not_rounded_again():
+    """The rounding above is for values computed in the kernel. A float16 operand loaded from
+    memory is a float16 already: rounding it again costs two converts an element and changes
+    nothing (a bfloat16 ReLU backward's ``le`` of the stored output, in every model's step). In
+    ``x > y * w`` only the product is rounded."""
+    from kernelab.compiler import codegen
+
+    def f(x, y, w):
+        return torch.where(x > y * w, x, y)
+
+    x, y, w = (_r(64, seed=k).half() for k in range(3))
+    (group,) = forward_groups(f, x, y, w)
+    source = codegen.kernel_source(group, 1, True)
+    comparisons = [line for line in source.splitlines() if " > " in line]
+    assert comparisons, source  # one a path: the full blocks' and the last block's
+    for line in comparisons:  # the product rounded, the loaded x not
+        assert line.count(".to(tl.float16).to(tl.float32)") == 1, line
+    got = torch.compile(f, backend="kernelab")(x, y, w)
+    assert torch.equal(got, f(x, y, w))
+
+
 def test_a_column_sum_of_values_computed_from_constants_alone_is_generated():
     """Found by a random-program sweep: ``floor``'s gradient is zero, so the backward of
     ``exp(floor((w - y) * 3))`` sums a (5, 8) zero fill times 3 over its rows for ``w``'s
@@ -1532,3 +1553,20 @@ def test_a_scatter_added_to_itself_is_not_merged_into_itself():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _gradients_and_values_as_eager(f, [_r(8)], torch.tensor(0.7))
+
+
+def test_an_embedding_index_computed_with_its_gradient_is_placed_along_the_tokens():
+    """Found by a random-program sweep with indexing: an embedding's backward is
+    ``index_put_(zeros, [clamp(ids)], dy, True)`` with dy (T, D) and the index (T,). The kernel of
+    ``clamp(ids)`` was merged into the scatter's (T, D) kernel, where the (T,) index broadcast
+    along D: token t's gradient row was summed into row ids[t] at column t, silently (the other
+    columns got nothing). A computed index that dims follow stays out of a scatter's kernel, as
+    a gather's does."""
+    def f(y):
+        picked = torch.gather(y, -1, (torch.arange(8) * 2 % 8).expand((5, 8)))
+        return (picked @ picked.t()).sum() + F.embedding(torch.arange(8) % 5, y).sum()
+
+    y, y2 = _r(5, 8).requires_grad_(), _r(5, 8).requires_grad_()
+    (want,) = torch.autograd.grad(f(y), y)
+    (got,) = torch.autograd.grad(torch.compile(f, backend="kernelab")(y2), y2)
+    torch.testing.assert_close(got, want)
