@@ -654,9 +654,12 @@ def _stays_pointwise(group: Group) -> bool:
 
 def _placed_reads_from_memory(nodes) -> bool:
     """Would every cat among ``nodes`` (one kernel's, merged) still read its pieces from memory,
-    every gather its source, and every index computed among them broadcast as the gather reads it
-    (``fusion._gather_role``)? (A cat's group merged with its pieces' producers, the pieces
-    computed in registers and stored nowhere, made a runner that named a value never written.)"""
+    every gather its source, and every index computed among them broadcast as the gather or
+    scatter reads it (``fusion._gather_role``, ``fusion._scatter_role``)? (A cat's group merged
+    with its pieces' producers, the pieces computed in registers and stored nowhere, made a runner
+    that named a value never written. An embedding's backward, ``index_put_(zeros, [clamp(ids)],
+    dy, True)`` with dy (T, D), merged with the kernel of ``clamp(ids)``: the (T,) index, computed
+    in a (T, D) kernel, broadcast along D, and every token's gradient summed into one column.)"""
     members = set(nodes)
     for n in nodes:
         if fusion.is_cat(n) and any(piece in members for piece, _, _ in fusion.cat_pieces(n)):
@@ -664,6 +667,10 @@ def _placed_reads_from_memory(nodes) -> bool:
         if fusion.is_gather(n):
             parts = fusion.gather_parts(n)
             if parts.source in members or (parts.trail and any(i in members for i in parts.indices)):
+                return False
+        if fusion.is_scatter(n):
+            parts = fusion.scatter_parts(n)
+            if parts.trail and any(i in members for i in parts.indices):
                 return False
     return True
 

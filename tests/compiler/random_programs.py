@@ -4,6 +4,12 @@ reductions (sums, extremes, softmax, logsumexp, cumsum, variance, layer norm, co
 them read by more than one later op. Whatever the compiler groups, recomputes, merges or leaves to
 ATen, the values and gradients must be eager's.
 
+``program(seed, indexing=True)`` adds what models do with indices: indexing by a tensor, gather,
+index_select, index_add, scatter_add, embedding, a batched matmul, masked_fill, an item set in place,
+and, with ``by_value=True``, indices computed from the values (a gather at ``long()`` of values,
+argmax, topk, integer arithmetic): those pick other elements when float16 rounds a value another
+way, so the float16 test leaves them out.
+
 A program is Python source built from a seed (``program(seed)``): a failure prints the source, and
 the seed reproduces it. Its inputs: x (B, S, N), y (S, N), z (B, S, 1), w (N,).
 """
@@ -43,8 +49,9 @@ class Program:
 
 
 class _Writer:
-    def __init__(self, rng: random.Random, sizes: tuple):
+    def __init__(self, rng: random.Random, sizes: tuple, indexing: bool = False, by_value: bool = False):
         b, s, n = sizes
+        self.indexing, self.by_value = indexing, by_value
         self.rng, self.lines = rng, ["def fn(x, y, z, w):"]
         self.shapes = {"x": (b, s, n), "y": (s, n), "z": (b, s, 1), "w": (n,)}
         self.names = list(self.shapes)
@@ -62,6 +69,11 @@ class _Writer:
 
     def statement(self) -> None:
         rng = self.rng
+        if self.indexing and rng.random() < 0.35:
+            a = self.value(3, 0.7)
+            if self.shapes[a]:
+                self.indexed(a, self.shapes[a])
+            return
         r = rng.random()
         a = self.value(3, 0.7)
         shape = self.shapes[a]
@@ -96,6 +108,44 @@ class _Writer:
             self.new(f"{a}.reshape(-1, {shape[-1]})", (_numel(shape) // shape[-1], shape[-1]))
         else:
             self.reduction(a, shape)
+
+    def indexed(self, a: str, shape: tuple) -> None:
+        """One statement that indexes (``indexing=True``): fixed indices, or with ``by_value``,
+        indices computed from the values."""
+        rng, n, rows = self.rng, shape[-1], self.shapes["y"][0]
+        picks = [rng.randrange(n) for _ in range(rng.choice([2, 3]))]
+        spread = f"(torch.arange({n}) * {rng.choice([1, 2, 3])} % {n})"  # repeats where the step shares a factor
+        fixed = [
+            (f"{a}[..., torch.tensor({picks})]", shape[:-1] + (len(picks),)),
+            (f"{a}.index_select(-1, torch.tensor({picks}))", shape[:-1] + (len(picks),)),
+            (f"torch.gather({a}, -1, {spread}.expand({shape}))", shape),
+            (f"torch.zeros_like({a}).scatter_add(-1, {spread}.expand({shape}), {a})", shape),
+            (f"torch.zeros({n}, dtype={a}.dtype).index_add(0, torch.tensor({[rng.randrange(n) for _ in range(n)]}), "
+             f"{a}.reshape(-1, {n})[0])", (n,)),
+            (f"F.embedding(torch.arange({n}) % {rows}, y)", (n, self.shapes["y"][1])),
+            (f"{a}.masked_fill({a} > 0.5, -1.0)", shape),
+        ]
+        if len(shape) >= 2:
+            b = rng.choice([m for m in self.names if len(self.shapes[m]) >= 2 and self.shapes[m][-1] == n] or [a])
+            try:
+                batch = torch.broadcast_shapes(shape[:-2], self.shapes[b][:-2])
+                fixed.append((f"({a} @ {b}.transpose(-1, -2).to({a}.dtype))", batch + (shape[-2], self.shapes[b][-2])))
+            except RuntimeError:
+                pass
+        by_value = [
+            (f"torch.gather({a}, -1, ({a}.abs() * 100).long() % {n})", shape),
+            (f"((({a} * 10).long() % 3) * 2 + 1).float()", shape),
+            (f"{a}.argmax({len(shape) - 1}).float()", shape[:-1]),
+            (f"{a}.topk(2, -1).values", shape[:-1] + (2,)),
+            (f"F.embedding(({a}.abs() * 10).long() % {rows}, y)", shape + (self.shapes["y"][1],)),
+        ] if self.by_value and len(shape) <= 3 else []
+        choices = fixed + [c for c in by_value if n >= 2 and (len(c[1]) <= 4)]
+        if rng.random() < 0.1:  # an item set in place, on a copy
+            name = self.new(f"{a}.clone()", shape)
+            self.lines.append(f"    {name}[..., {rng.randrange(n)}] = {rng.choice(['0.0', '2.5'])}")
+            return
+        expression, out = rng.choice(choices)
+        self.new(expression, out)
 
     def reduction(self, a: str, shape: tuple) -> None:
         if not shape:
@@ -135,11 +185,12 @@ def _numel(shape) -> int:
     return n
 
 
-def program(seed: int) -> Program | None:
-    """The program of ``seed`` (None for the rare seed whose statements made no value)."""
+def program(seed: int, indexing: bool = False, by_value: bool = False) -> Program | None:
+    """The program of ``seed`` (None for the rare seed whose statements made no value); with
+    ``indexing``, statements that index too (``by_value``: also by indices computed from values)."""
     rng = random.Random(seed)
     sizes = (rng.choice([2, 3]), rng.choice([4, 5]), rng.choice([8, 6]))
-    writer = _Writer(rng, sizes)
+    writer = _Writer(rng, sizes, indexing, by_value)
     for _ in range(rng.randint(4, 10)):
         writer.statement()
     source = writer.source()
