@@ -298,9 +298,12 @@ def _softmax_bwd_team_kernel(
 
 # --------------------------------------------------------------------------- launchers
 @functools.lru_cache(maxsize=1024)
-def _one_pass_launch(kernel, m: int, n: int, log: bool, tile, per_thread, split: bool) -> tuple:
-    """(grid, prepared launch) of the one-pass forward or backward ``kernel`` (cached per call
-    shape; ``tile``, ``per_thread`` and ``split`` are ``row_tile``'s settings in force)."""
+def _one_pass_launch(backward: bool, m: int, n: int, log: bool, tile, per_thread, split: bool) -> tuple:
+    """(grid, prepared launch) of the one-pass forward or backward kernel (cached per call shape;
+    ``tile``, ``per_thread`` and ``split`` are ``row_tile``'s settings in force). Keyed by a bool,
+    not by the kernel: a JITFunction hashes through Triton's ``cache_key`` property, about a
+    microsecond of host time a call."""
+    kernel = _softmax_bwd_kernel if backward else _softmax_fwd_kernel
     t = _common.row_tile(m, n, tile=tile, per_thread=per_thread, split=split)
     grid = (_common.tile_grid(m, t.block_m, t.warps, None),)
     return grid, _common.prepared(kernel, LOG=log, BLOCK_M=t.block_m, BLOCK_N=t.block_n, TAIL=t.tail,
@@ -317,7 +320,7 @@ def _softmax_forward(x: torch.Tensor, log: bool) -> torch.Tensor:
         return y
     (x2, stride_x), m = _common.row_view(x, n), numel // n
     if n <= _common.MAX_FUSED:
-        grid, launch = _one_pass_launch(_softmax_fwd_kernel, m, n, log, _common.ROW_TILE, _common.ROW_PER_THREAD,
+        grid, launch = _one_pass_launch(False, m, n, log, _common.ROW_TILE, _common.ROW_PER_THREAD,
                                         _common.SPLIT_ROWS)
         launch(grid, x2, y, stride_x, n, m, n)
         return y
@@ -346,7 +349,7 @@ def _softmax_backward(dy: torch.Tensor, y: torch.Tensor, log: bool) -> torch.Ten
         return dx
     (y2, stride_y), (dy2, stride_dy), m = _common.row_view(y, n), _common.row_view(dy, n), numel // n
     if n <= _common.MAX_FUSED:
-        grid, launch = _one_pass_launch(_softmax_bwd_kernel, m, n, log, BWD_TILE or _common.ROW_TILE,
+        grid, launch = _one_pass_launch(True, m, n, log, BWD_TILE or _common.ROW_TILE,
                                         BWD_PER_THREAD or _common.ROW_PER_THREAD, _common.SPLIT_ROWS)
         launch(grid, y2, dy2, dx, stride_y, stride_dy, n, m, n)
         return dx
