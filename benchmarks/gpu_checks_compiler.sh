@@ -59,7 +59,8 @@
 # Llama's and GPT-2's inference steps; CALL=18: after the fix of the failure CALL=17's plan found,
 # Llama's plan and Llama's and Mixtral's training steps again; CALL=19, stop 46: call 18 cut to Llama) after a kernel recomputes short chains of another's ops (a causal LM's
 # mean cross-entropy: its count of kept labels shares the kernel of its sum of losses) and after
-# stop 44's fix of the first call's inputs kept alive (GPT-2's training peak).
+# stop 44's fix of the first call's inputs kept alive (GPT-2's training peak). CALL=20 (stop 47): every GPU test,
+# then call 18. CALL=21: every GPU test file in parallel, then GPT-2's and T5's training steps.
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -178,6 +179,45 @@ if [ "${CALL:-2}" = 19 ]; then  # stop 46: call 18 in a short budget (413 s of d
     tar czf "$OUT/plans.tgz" -C "$OUT" plans && rm -rf "$OUT/plans"
     timeout "$(left 200)" python3 benchmarks/models.py "$OUT/models" --only llama \
         --modes eager,inductor,kernelab --steps train --budget-s 150 > "$OUT/models.log" 2>&1
+    echo "models rc=$? (${SECONDS}s)"; tail -6 "$OUT/models.log" | cut -c1-230
+    exit 0
+fi
+if [ "${CALL:-2}" = 22 ]; then  # stop 47: random programs on the GPU (bf16); GPT-2's training step, this code
+    # against stop 45's (OLD: a copy of `git archive cbbef73 kernelab benchmarks`, 21.60 ms and 4.86 GiB there;
+    # CALL=21 measured 23.79 ms and 5.20 GiB), alternating, kernelab only; then both GPU plans
+    timeout "$(left 150)" python3 -m pytest tests/gpu/test_random_programs_gpu.py -q -p no:cacheprovider -W ignore \
+        -rf --tb=short > "$OUT/gpu_random.txt" 2>&1
+    echo "random programs rc=$? (${SECONDS}s): $(tail -1 "$OUT/gpu_random.txt")"; grep "^FAILED" "$OUT/gpu_random.txt" | head
+    R=$PWD
+    ab() { (cd "$1" && timeout "$(left 100)" python3 benchmarks/models.py "$OUT/m_$2" --only gpt2 --modes kernelab \
+        --steps train --budget-s 90 > "$OUT/m_$2.log" 2>&1); echo "$2: $(grep -E '^ +gpt2' "$OUT/m_$2.log" | cut -c1-200)"; }
+    ab "$R" new1; ab "$R/$OLD" old1; ab "$R" new2; ab "$R/$OLD" old2
+    (cd "$OLD" && timeout "$(left 60)" python3 benchmarks/zoo_plan_gpu.py "$OUT/p_old" gpt2:train > /dev/null 2>&1)
+    timeout "$(left 60)" python3 benchmarks/zoo_plan_gpu.py "$OUT/p_new" gpt2:train > /dev/null 2>&1
+    (cd "$OUT" && tar czf plans.tgz p_old p_new m_*/*.csv && rm -rf p_old p_new m_*/)
+    exit 0
+fi
+if [ "${CALL:-2}" = 21 ]; then  # stop 47: every GPU test file in a process of its own (one process: > 170 s), then GPT-2 and T5
+    for f in tests/gpu/test_*.py; do
+        timeout "$(left 300)" python3 -m pytest "$f" -q -p no:cacheprovider -W ignore -rf --tb=short \
+            > "$OUT/gpu_$(basename "$f" .py).txt" 2>&1 &
+    done
+    wait
+    echo "gpu tests (${SECONDS}s):"; for t in "$OUT"/gpu_test_*.txt; do echo "$(basename "$t"): $(tail -1 "$t" | cut -c1-150)"; done
+    grep -h "^FAILED" "$OUT"/gpu_test_*.txt | head -20
+    timeout "$(left 330)" python3 benchmarks/models.py "$OUT/models" --only gpt2,t5 \
+        --modes eager,inductor,kernelab --steps train --budget-s 300 > "$OUT/models.log" 2>&1
+    echo "models rc=$? (${SECONDS}s)"; tail -6 "$OUT/models.log" | cut -c1-230
+    exit 0
+fi
+if [ "${CALL:-2}" = 20 ]; then  # stop 47: every GPU test, then call 18 (stop 46's float16 rounding of loaded values dropped)
+    timeout "$(left 170)" python3 -m pytest tests/gpu -q -p no:cacheprovider -W ignore -rf --tb=short \
+        > "$OUT/gpu_tests.txt" 2>&1
+    echo "gpu tests rc=$? (${SECONDS}s)"; grep -E "passed|failed|^FAILED" "$OUT/gpu_tests.txt" | head -8
+    plans 100 llama:train
+    tar czf "$OUT/plans.tgz" -C "$OUT" plans && rm -rf "$OUT/plans"
+    timeout "$(left 330)" python3 benchmarks/models.py "$OUT/models" --only llama,mixtral \
+        --modes eager,inductor,kernelab --steps train --budget-s 300 > "$OUT/models.log" 2>&1
     echo "models rc=$? (${SECONDS}s)"; tail -6 "$OUT/models.log" | cut -c1-230
     exit 0
 fi

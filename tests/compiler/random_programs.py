@@ -41,11 +41,12 @@ class Program:
         exec(compile(self.source, f"<random program {self.seed}>", "exec"), space)
         return space["fn"]
 
-    def inputs(self, sizes=None, dtype=torch.float32, seed=None) -> list[torch.Tensor]:
+    def inputs(self, sizes=None, dtype=torch.float32, seed=None, device="cpu") -> list[torch.Tensor]:
+        """x, y, z, w: the same values on every device (drawn on the CPU)."""
         b, s, n = sizes or self.sizes
         g = torch.Generator().manual_seed(self.seed if seed is None else seed)
         shapes = ((b, s, n), (s, n), (b, s, 1), (n,))
-        return [torch.randn(shape, generator=g).to(dtype) for shape in shapes]
+        return [torch.randn(shape, generator=g).to(device=device, dtype=dtype) for shape in shapes]
 
 
 class _Writer:
@@ -114,15 +115,15 @@ class _Writer:
         indices computed from the values."""
         rng, n, rows = self.rng, shape[-1], self.shapes["y"][0]
         picks = [rng.randrange(n) for _ in range(rng.choice([2, 3]))]
-        spread = f"(torch.arange({n}) * {rng.choice([1, 2, 3])} % {n})"  # repeats where the step shares a factor
+        spread = f"(torch.arange({n}, device=x.device) * {rng.choice([1, 2, 3])} % {n})"  # repeats where the step shares a factor
         fixed = [
-            (f"{a}[..., torch.tensor({picks})]", shape[:-1] + (len(picks),)),
-            (f"{a}.index_select(-1, torch.tensor({picks}))", shape[:-1] + (len(picks),)),
+            (f"{a}[..., torch.tensor({picks}, device=x.device)]", shape[:-1] + (len(picks),)),
+            (f"{a}.index_select(-1, torch.tensor({picks}, device=x.device))", shape[:-1] + (len(picks),)),
             (f"torch.gather({a}, -1, {spread}.expand({shape}))", shape),
             (f"torch.zeros_like({a}).scatter_add(-1, {spread}.expand({shape}), {a})", shape),
-            (f"torch.zeros({n}, dtype={a}.dtype).index_add(0, torch.tensor({[rng.randrange(n) for _ in range(n)]}), "
+            (f"torch.zeros({n}, dtype={a}.dtype, device=x.device).index_add(0, torch.tensor({[rng.randrange(n) for _ in range(n)]}, device=x.device), "
              f"{a}.reshape(-1, {n})[0])", (n,)),
-            (f"F.embedding(torch.arange({n}) % {rows}, y)", (n, self.shapes["y"][1])),
+            (f"F.embedding(torch.arange({n}, device=x.device) % {rows}, y)", (n, self.shapes["y"][1])),
             (f"{a}.masked_fill({a} > 0.5, -1.0)", shape),
         ]
         if len(shape) >= 2:
