@@ -188,11 +188,18 @@ class _State:
         self.recomputed: dict = {}  # id(group) -> {node of another kernel: its copy in the group}
         self.chains: dict = {}  # id(group) -> {node read: the chain recomputing it there}
         self.copied: set = set()  # nodes recomputed somewhere (``drop_unread_originals``)
+        self.on_gpu = any(_device_type(n) == "cuda" for n in gm.graph.nodes)
         self.recomputed_notes: list = []  # (group, reader's name, the ops' names): ``Partition.recomputed``
 
     def place(self, node: fx.Node) -> None:
         if COLUMN_TAG in node.meta:
             self._place_column(node)
+            return
+        if self.on_gpu and _device_type(node) == "cpu":
+            # a 0-dim CPU value beside CUDA ones (``v[..., 1] = 2.5`` lifts the literal 2.5 as a CPU
+            # tensor): a kernel of the GPU's cannot write host memory (its launch failed, "CUDA
+            # driver error: invalid argument"), and ATen computes one value on the host for free
+            self.eager[node] = "a value on the CPU in a graph on the GPU: ATen computes it on the host"
             return
         kind, reason = fusion.classify(node)
         if kind in ("eager", "constant"):
@@ -605,6 +612,12 @@ class _State:
             seen.add(n)
             stack.extend(n.all_input_nodes)
         return False
+
+
+def _device_type(node) -> str | None:
+    """The device type of a node's tensor value (None for anything else)."""
+    value = node.meta.get("val")
+    return value.device.type if isinstance(value, torch.Tensor) else None
 
 
 def _reads_by_broadcasting(node) -> bool:

@@ -82,11 +82,11 @@ def _check_sizes(p: Program) -> None:
         _same(_outputs(compiled, inputs, True), want, f"program {p.seed} at {sizes}\n{p.source}\n")
 
 
-def _error(got: list, exact: list) -> list:
-    """Each output's error relative to the float64 value's norm, or to 0.1 where that norm is
+def _error(got: list, exact: list, floor: float = 0.1) -> list:
+    """Each output's error relative to the float64 value's norm, or to ``floor`` where that norm is
     smaller: a value that cancels to 0 exactly (``tanh(y) - tanh(y).reshape(...)``, read once from
     memory, rounded, and once computed in the same kernel, not) has no relative error to speak of."""
-    return [None if g is None or e is None else ((g.double() - e).norm() / max(e.norm().item(), 0.1)).item()
+    return [None if g is None or e is None else ((g.double() - e.to(g.device)).norm() / max(e.norm().item(), floor)).item()
             for g, e in zip(got, exact)]
 
 

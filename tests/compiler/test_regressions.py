@@ -1570,3 +1570,29 @@ def test_an_embedding_index_computed_with_its_gradient_is_placed_along_the_token
     (want,) = torch.autograd.grad(f(y), y)
     (got,) = torch.autograd.grad(torch.compile(f, backend="kernelab")(y2), y2)
     torch.testing.assert_close(got, want)
+
+
+def test_a_cpu_literal_in_a_gpu_graph_is_left_to_aten():
+    """Found by the random programs on an H100: ``v[..., 1] = 2.5`` lifts the literal 2.5 as a
+    0-dim CPU tensor (``lift_fresh_copy``) in a graph on the GPU. Its copy became a kernel of its
+    own, launched on the GPU with a host pointer: "CUDA driver error: invalid argument" (strict
+    raised; otherwise the graph ran as ATen with a warning). A value on the CPU in a graph on the
+    GPU is ATen's now. The GPU's plan is traced here with fake CUDA tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kernelab.compiler import graph
+    from kernelab.compiler.backend import decompositions
+
+    def f(y):
+        v = y.clone()
+        v[..., 1] = 2.5
+        return v @ v.t()
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        gm = make_fx(f, decomposition_table=decompositions())(torch.empty(5, 8, device="cuda"))
+    part = graph.partition(gm)
+    lifted = [n for n in gm.graph.nodes if n.target is torch.ops.aten.lift_fresh_copy.default]
+    assert lifted and lifted[0] not in part.group_of
+    assert "on the CPU in a graph on the GPU" in part.eager[lifted[0]]
+    assert all(n.meta["val"].device.type == "cuda" for g in part.groups for n in g.nodes)

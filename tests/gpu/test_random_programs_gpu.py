@@ -37,7 +37,9 @@ def test_a_random_program_in_float32_matches_eager_on_the_gpu(seed, indexing):
 
 @pytest.mark.parametrize("seed,indexing", SEEDS)
 def test_a_random_program_in_bfloat16_is_as_close_to_float64_as_eager(seed, indexing):
-    """At most 4x eager's error plus bfloat16's resolution (eight bits of mantissa)."""
+    """At most 4x eager's error plus bfloat16's resolution (eight bits of mantissa). Seeds 4242
+    and 99 set an item in place (``v[..., 1] = 2.5``): the lifted literal's kernel was launched
+    with a host pointer (``test_a_cpu_literal_in_a_gpu_graph_is_left_to_aten``)."""
     p = program(seed, indexing=indexing)
     if p is None:
         return
@@ -47,7 +49,9 @@ def test_a_random_program_in_bfloat16_is_as_close_to_float64_as_eager(seed, inde
     eager = _outputs(p.function(), halves, True)
     got = _outputs(_compiled(p), halves, True)
     assert len(got) == len(eager), p.source
-    for i, (e, k) in enumerate(zip(_error(eager, exact), _error(got, exact))):
+    # errors relative to at least 1 (the inputs' scale): a value that cancels to 0 exactly in eager
+    # is ~1e-2 in a kernel, which keeps one operand unrounded (seed 300115: 8.4e-3)
+    for i, (e, k) in enumerate(zip(_error(eager, exact, 1.0), _error(got, exact, 1.0))):
         if e is None or k is None or e != e:
             continue
         assert k == k and k <= 4 * e + 2e-2, f"program {seed}, output {i}: error {k:.2e} against eager's {e:.2e}\n{p.source}"
