@@ -593,7 +593,12 @@ class _State:
         if group.kind == "reduction" and fusion.padded(other.shape, len(group.shape)) == fusion.row_shape(group):
             return "row"
         private = all(u in group.roles or u in other.roles for n in other.nodes for u in n.users)
-        return "full" if private and fusion.broadcasts_to(other.shape, group.shape) else None
+        if not (private and fusion.broadcasts_to(other.shape, group.shape)):
+            return None
+        # read by a row value of a reduction (``sum(x, 1) + v``, v of the rows' count, which a square
+        # group's width equals): one value per row, not a broadcast along the row; "full" loaded it
+        # at every element (the kernel did not compile: found by a random-program sweep)
+        return None if any(group.roles.get(u) == "row" for n in other.nodes for u in n.users) else "full"
 
     def _creates_cycle(self, group: Group, node) -> bool:
         return any(self._depends_on(p, group.nodes) for p in node.all_input_nodes if self.group_of.get(p) is not group)

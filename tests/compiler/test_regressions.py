@@ -1596,3 +1596,20 @@ def test_a_cpu_literal_in_a_gpu_graph_is_left_to_aten():
     assert lifted and lifted[0] not in part.group_of
     assert "on the CPU in a graph on the GPU" in part.eager[lifted[0]]
     assert all(n.meta["val"].device.type == "cuda" for g in part.groups for n in g.nodes)
+
+
+def test_a_per_row_vector_merged_into_a_square_reduction_is_not_broadcast_along_rows():
+    """Found by a random-program sweep: the backward of ``maximum(v, w.unsqueeze(1))`` with
+    ``v[..., 1] = 2.5`` set in place adds a (6,) vector (the item set's gradient, a ``where``) to a
+    row sum of a (6, 6) kernel. The vector's kernel was merged into the reduction's as a broadcast
+    sibling ("full": one value per column), but its reader is a row value: the kernel loaded it at
+    every element and failed to compile (strict raised; otherwise ATen ran it with a warning)."""
+    def f(w):
+        v = w.clone()
+        v[..., 1] = 2.5
+        return (torch.maximum(v, w.unsqueeze(1)) ** 2).sum()
+
+    w, w2 = _r(6).requires_grad_(), _r(6).requires_grad_()
+    (want,) = torch.autograd.grad(f(w), w)
+    (got,) = torch.autograd.grad(torch.compile(f, backend="kernelab")(w2), w2)
+    torch.testing.assert_close(got, want)
