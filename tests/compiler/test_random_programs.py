@@ -2,7 +2,7 @@
 input's gradient, the value again under no_grad; in float16 against eager's own error from a
 float64 run; under dynamic shapes (two more sizes after the first); the same for programs that
 index (``program(seed, indexing=True)``). The seeds that found bugs in stop 46's and 47's sweeps
-(about 3,000 and 2,200 programs) are pinned as examples; hypothesis draws the others.
+(about 3,000 and 3,500 programs) are pinned as examples; hypothesis draws the others.
 
 A failure prints the program's source and seed: ``program(seed).source``."""
 import warnings
