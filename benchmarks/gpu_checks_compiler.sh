@@ -61,6 +61,9 @@
 # mean cross-entropy: its count of kept labels shares the kernel of its sum of losses) and after
 # stop 44's fix of the first call's inputs kept alive (GPT-2's training peak). CALL=20 (stop 47): every GPU test,
 # then call 18. CALL=21: every GPU test file in parallel, then GPT-2's and T5's training steps.
+# CALL=22 (stop 47, rerun in stop 48 with the random programs that convolve and read ids): the GPU
+# random programs, then GPT-2 beside stop 45's code (OLD). CALL=23 (stop 48): Llama, Mixtral, T5.
+# CALL=24 (stop 48): the GPU random programs, then the four LMs' training steps, kernelab alone.
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -180,6 +183,24 @@ if [ "${CALL:-2}" = 19 ]; then  # stop 46: call 18 in a short budget (413 s of d
     timeout "$(left 200)" python3 benchmarks/models.py "$OUT/models" --only llama \
         --modes eager,inductor,kernelab --steps train --budget-s 150 > "$OUT/models.log" 2>&1
     echo "models rc=$? (${SECONDS}s)"; tail -6 "$OUT/models.log" | cut -c1-230
+    exit 0
+fi
+if [ "${CALL:-2}" = 24 ]; then  # stop 48, one call: the GPU random programs (CPU literal and CPU vector fixes,
+    # programs that convolve and read ids), then kernelab's training steps alone: kernels and peak memory are
+    # the same run to run (stop 47: GPT-2 502 / 5.20 GiB, stop 45's code 500 / 4.86; Llama 264; Mixtral 549; T5 770)
+    timeout "$(left 170)" python3 -m pytest tests/gpu/test_random_programs_gpu.py -q -p no:cacheprovider -W ignore \
+        -rf --tb=short > "$OUT/gpu_random.txt" 2>&1
+    echo "random programs rc=$? (${SECONDS}s): $(tail -1 "$OUT/gpu_random.txt")"; grep "^FAILED" "$OUT/gpu_random.txt" | head
+    timeout "$(left 400)" python3 benchmarks/models.py "$OUT/models" --only gpt2,llama,mixtral,t5 \
+        --modes kernelab --steps train --budget-s 360 > "$OUT/models.log" 2>&1
+    echo "models rc=$? (${SECONDS}s)"; tail -8 "$OUT/models.log" | cut -c1-230
+    exit 0
+fi
+if [ "${CALL:-2}" = 23 ]; then  # stop 48: after a GPU graph holding a CPU vector no longer runs whole as ATen
+    # (backend._interpreted): Llama's, Mixtral's and T5's training steps (stop 47: 264 / 549 / 770 kernels)
+    timeout "$(left 560)" python3 benchmarks/models.py "$OUT/models" --only llama,mixtral,t5 \
+        --modes eager,inductor,kernelab --steps train --budget-s 520 > "$OUT/models.log" 2>&1
+    echo "models rc=$? (${SECONDS}s)"; tail -10 "$OUT/models.log" | cut -c1-230
     exit 0
 fi
 if [ "${CALL:-2}" = 22 ]; then  # stop 47: random programs on the GPU (bf16); GPT-2's training step, this code

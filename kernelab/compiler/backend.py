@@ -332,6 +332,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
 
     devices = _devices(example_inputs, gm)
     runnable, why = _can_run(devices)  # may import triton: a once-per-process cost
+    interpret = runnable and _interpreted(devices)
     t0 = time.perf_counter()
     try:
         # a plan (``kernelab.count``/``explain``) predicts the GPU's kernels, whatever the tensors
@@ -339,7 +340,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, visible_o
         if later is not None:
             rewrites.batch_norm_forwards_decomposed(gm, later)
         part = graph.partition(gm)
-        runner = runtime.GraphRunner.build(gm, part, runnable and "cpu" in devices, visible_outputs, tiling,
+        runner = runtime.GraphRunner.build(gm, part, interpret, visible_outputs, tiling,
                                            donated)
     except Exception as exc:  # a compiler bug must not break the user's program: ATen runs it
         if config.strict():
@@ -409,11 +410,19 @@ def _devices(example_inputs, gm) -> set[str]:
                       if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() > 0}
 
 
+def _interpreted(devices: set[str]) -> bool:
+    """A graph computing on the CPU alone runs its kernels under Triton's interpreter. One with CUDA
+    values too runs them on the GPU: its CPU values (a lifted literal, a host-side constant) are
+    ATen's (``graph._State.place``). (Taken as interpreted, such a graph was left whole to ATen on
+    the GPU, where the interpreter is off.)"""
+    return "cpu" in devices and "cuda" not in devices
+
+
 def _can_run(devices: set[str]) -> tuple[bool, str]:
     """Generated kernels need CUDA tensors, or CPU tensors with Triton's interpreter on."""
     if devices - {"cuda", "cpu"}:
         return False, f"tensors on {', '.join(sorted(devices - {'cuda', 'cpu'}))}: no Triton kernels there"
-    if "cpu" in devices:
+    if _interpreted(devices):
         from .group_runner import interpreted
 
         if not interpreted():

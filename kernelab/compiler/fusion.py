@@ -501,6 +501,10 @@ def _scatter_role(group, node) -> tuple[str | None, str]:
     base, values = node.args[0], node.args[2]
     if group.kind != "pointwise":
         return None, "a scatter joins only pointwise kernels"
+    if any(is_scatter(p) and p in group.roles for p in (values, *parts.indices)):
+        # (the gradient of ``w[r][r]``: one scatter's buffer is the next one's values; in one
+        # kernel element j would read the buffer before every add into it had landed)
+        return None, "a scatter's buffer is complete only when its kernel has finished"
     scatters_only = all(is_scatter(n) for n in group.nodes)
     if values not in group.roles and not (is_scatter(base) and base in group.roles and scatters_only):
         # (joining a kernel for its indices or its buffer alone made that kernel wait for the

@@ -201,6 +201,11 @@ class _State:
             # driver error: invalid argument"), and ATen computes one value on the host for free
             self.eager[node] = "a value on the CPU in a graph on the GPU: ATen computes it on the host"
             return
+        if self.on_gpu and _reads_host_array(node):
+            # (``torch.tensor([...]).to(x.device)``: as a cast in a GPU kernel it would load the
+            # vector through a host pointer; a 0-dim CPU value is a scalar any kernel reads)
+            self.eager[node] = "copies a CPU tensor to the GPU: ATen's host-to-device copy"
+            return
         kind, reason = fusion.classify(node)
         if kind in ("eager", "constant"):
             self.eager[node] = reason
@@ -623,6 +628,11 @@ def _device_type(node) -> str | None:
     """The device type of a node's tensor value (None for anything else)."""
     value = node.meta.get("val")
     return value.device.type if isinstance(value, torch.Tensor) else None
+
+
+def _reads_host_array(node) -> bool:
+    """Does ``node`` read a CPU tensor of one dim or more (a device transfer's source)?"""
+    return any(_device_type(a) == "cpu" and a.meta["val"].dim() > 0 for a in node.all_input_nodes)
 
 
 def _reads_by_broadcasting(node) -> bool:

@@ -8,10 +8,17 @@ ATen, the values and gradients must be eager's.
 index_select, index_add, scatter_add, embedding, a batched matmul, masked_fill, an item set in place,
 and, with ``by_value=True``, indices computed from the values (a gather at ``long()`` of values,
 argmax, topk, integer arithmetic): those pick other elements when float16 rounds a value another
-way, so the float16 test leaves them out.
+way, so the float16 test leaves them out. ``returns=True`` returns a tuple: the sum, then values as they are (inputs, views of them,
+expands: aliases the compiled function must reproduce). ``strided=True`` stores the inputs out of
+order. ``convolution=True`` adds what vision models do:
+depthwise, pointwise, strided and transposed convolutions (their weights cut from y, so they get
+gradients too), batch norm in training mode, pools. ``integers=True`` adds an integer input
+i (B, S) of class ids in [0, N): gathers, embeddings, cross-entropy, one-hot, scatters and
+advanced indexing at i, and integer arithmetic on it.
 
 A program is Python source built from a seed (``program(seed)``): a failure prints the source, and
-the seed reproduces it. Its inputs: x (B, S, N), y (S, N), z (B, S, 1), w (N,).
+the seed reproduces it. Its inputs: x (B, S, N), y (S, N), z (B, S, 1), w (N,), and with
+``integers``, i (B, S) (int64).
 """
 from __future__ import annotations
 
@@ -35,27 +42,46 @@ class Program:
     seed: int
     source: str
     sizes: tuple  # (B, S, N)
+    integers: bool = False  # an int64 input i (B, S) of class ids in [0, N) after the float ones
+    strided: bool = False  # x stored transposed (B, N, S memory order), y and w every other element
 
     def function(self):
         space = {"torch": torch, "F": F}
         exec(compile(self.source, f"<random program {self.seed}>", "exec"), space)
         return space["fn"]
 
+    def magnitude(self):
+        """The function with its returned sum taken over magnitudes, ``sum(|v|) * k`` for each
+        ``v.sum() * k``: the scale of the sum's rounding error where its elements or terms cancel
+        (a layer norm's outputs sum to 0; 19.0 - 19.44 + 0.55). (Of a tuple, the first item's.)"""
+        head, _, total = self.source.rpartition("    return ")
+        space = {"torch": torch, "F": F}
+        exec(compile(f"{head}    return {total.replace('.float().sum()', '.float().abs().sum()')}", f"<magnitude of {self.seed}>",
+                     "exec"), space)
+        fn = space["fn"]
+        return lambda *args: _first(fn(*args))
+
     def inputs(self, sizes=None, dtype=torch.float32, seed=None, device="cpu") -> list[torch.Tensor]:
-        """x, y, z, w: the same values on every device (drawn on the CPU)."""
+        """x, y, z, w (and i): the same values on every device (drawn on the CPU)."""
         b, s, n = sizes or self.sizes
         g = torch.Generator().manual_seed(self.seed if seed is None else seed)
         shapes = ((b, s, n), (s, n), (b, s, 1), (n,))
-        return [torch.randn(shape, generator=g).to(device=device, dtype=dtype) for shape in shapes]
+        floats = [torch.randn(shape, generator=g).to(device=device, dtype=dtype) for shape in shapes]
+        if self.strided:  # the same values in other memory orders: transposed, every other element
+            strides = ((s * n, 1, s), (2 * n, 2), (s, 1, 1), (2,))
+            floats = [torch.empty_strided(t.shape, st, dtype=dtype, device=device).copy_(t) for t, st in zip(floats, strides)]
+        return floats + ([torch.randint(0, n, (b, s), generator=g).to(device)] if self.integers else [])
 
 
 class _Writer:
-    def __init__(self, rng: random.Random, sizes: tuple, indexing: bool = False, by_value: bool = False):
+    def __init__(self, rng: random.Random, sizes: tuple, indexing: bool = False, by_value: bool = False,
+                 convolution: bool = False, integers: bool = False, returns: bool = False):
         b, s, n = sizes
-        self.indexing, self.by_value = indexing, by_value
-        self.rng, self.lines = rng, ["def fn(x, y, z, w):"]
+        self.indexing, self.by_value, self.convolution, self.integers = indexing, by_value, convolution, integers
+        self.returns = returns
+        self.rng, self.lines = rng, ["def fn(x, y, z, w, i):" if integers else "def fn(x, y, z, w):"]
         self.shapes = {"x": (b, s, n), "y": (s, n), "z": (b, s, 1), "w": (n,)}
-        self.names = list(self.shapes)
+        self.names = list(self.shapes)  # (float values only: i is read by the integer statements)
 
     def value(self, recent: int, bias: float) -> str:
         """A value, most often one of the last few (chains), sometimes any earlier one (reuse)."""
@@ -70,6 +96,15 @@ class _Writer:
 
     def statement(self) -> None:
         rng = self.rng
+        # (each option draws from rng only when on: a seed's program without it stays the same)
+        if self.convolution and rng.random() < 0.25:
+            a = self.value(3, 0.7)
+            if 3 <= len(self.shapes[a]) <= 4:
+                self.convolved(a, self.shapes[a])
+            return
+        if self.integers and rng.random() < 0.25:
+            self.with_ids(self.value(3, 0.7))
+            return
         if self.indexing and rng.random() < 0.35:
             a = self.value(3, 0.7)
             if self.shapes[a]:
@@ -148,6 +183,77 @@ class _Writer:
         expression, out = rng.choice(choices)
         self.new(expression, out)
 
+    def convolved(self, a: str, shape: tuple) -> None:
+        """A convolution, batch norm or pool over a value read as (batch, channels, length) or
+        (batch, channels, height, width); weights are cut from y (S, N) or its transpose, so
+        they have gradients of their own."""
+        rng, (s, n) = self.rng, self.shapes["y"]
+        c, spatial = shape[1], shape[2:]
+        if c > max(s, n):
+            return
+        normed = _numel(shape) // c > 1  # (batch norm in training needs two values a channel)
+        taps = f"({'y' if c <= s else 'y.t()'}[:{c}, :3].to({a}.dtype))"  # (c, 3): per-channel taps
+        if len(shape) == 4:  # depthwise 3x3 (the outer product of two taps), same size
+            weight = f"({taps}.unsqueeze(-1) * {taps}.unsqueeze(-2)).unsqueeze(1)"
+            choices = [(f"F.conv2d({a}, {weight}, padding=1, groups={c})", shape),
+                       (f"F.max_pool2d({a}, 2, ceil_mode=True)", shape[:2] + tuple((d + 1) // 2 for d in spatial))]
+            choices += [(f"F.batch_norm({a}, None, None, training=True)", shape)] if normed else []
+            expression, out = rng.choice(choices)
+            self.new(expression, out)
+            return
+        (length,) = spatial
+        mix = f"torch.cat([x.reshape(-1)] * 2)[:{c * c}].reshape({c}, {c}, 1).to({a}.dtype)"  # (c, c, 1): pointwise
+        bias = f"w[:{c}].to({a}.dtype)" if c <= n else "None"
+        image = f"{a}.unsqueeze(1)"  # one channel, (rows, length) as an image
+        square = f"y[:3, :3].reshape(1, 1, 3, 3).to({a}.dtype)"
+        choices = [
+            (f"F.conv1d({a}, {taps}.unsqueeze(1), padding=1, groups={c})", shape),
+            (f"F.conv1d({a}, {mix}, {bias})", shape),
+            (f"F.conv1d({a}, {taps}.unsqueeze(1), stride=2, groups={c})", (shape[0], c, (length - 3) // 2 + 1)),
+            (f"F.conv_transpose1d({a}, {taps}.unsqueeze(1), groups={c})", (shape[0], c, length + 2)),
+            (f"F.conv2d({image}, {square}, padding=1).squeeze(1)", shape),
+            (f"F.conv2d({image}, {square}, stride=2, padding=1).squeeze(1)",
+             (shape[0], (c - 1) // 2 + 1, (length - 1) // 2 + 1)),
+            (f"F.max_pool1d({a}, 2)", (shape[0], c, length // 2)),
+            (f"F.avg_pool1d({a}, 2, 1)", (shape[0], c, length - 1)),
+            (f"F.adaptive_avg_pool1d({a}, 1)", (shape[0], c, 1)),
+        ] + ([
+            (f"F.batch_norm({a}, None, None, training=True)", shape),
+            (f"F.batch_norm({a}, torch.zeros({c}, device=x.device, dtype={a}.dtype), "
+             f"torch.ones({c}, device=x.device, dtype={a}.dtype), {bias}, None, training=True)", shape),
+        ] if normed else [])
+        expression, out = rng.choice([(e, o) for e, o in choices if min(o) >= 1])
+        self.new(expression, out)
+
+    def with_ids(self, a: str) -> None:
+        """A statement that reads the class ids i (B, S), int64 in [0, N)."""
+        rng, shape, (b, s, n) = self.rng, self.shapes[a], self.shapes["x"]
+        rows = s
+        choices = [
+            (f"F.embedding(i % {rows}, y)", (b, s, n)),
+            (f"((i * 3 + 1) % {n}).to(x.dtype)", (b, s)),
+            (f"(i == i.amax(-1, keepdim=True)).to(x.dtype)", (b, s)),
+            (f"torch.where(i > {n // 2}, x.sum(-1), 0.0)", (b, s)),
+        ]
+        if shape and shape[0] > 0:
+            choices.append((f"{a}[i % {shape[0]}]", (b, s) + shape[1:]))
+            choices.append((f"{a}.index_select(0, i.reshape(-1) % {shape[0]})", (b * s,) + shape[1:]))
+        if len(shape) == 3 and shape[:2] == (b, s):
+            m = shape[-1]
+            ids = f"(i % {m})"
+            choices += [
+                (f"torch.gather({a}, -1, {ids}.unsqueeze(-1))", (b, s, 1)),
+                (f"F.cross_entropy({a}.reshape(-1, {m}).float(), {ids}.reshape(-1))", ()),
+                (f"F.cross_entropy({a}.reshape(-1, {m}).float(), {ids}.reshape(-1), reduction='none', "
+                 f"label_smoothing=0.1)", (b * s,)),
+                (f"F.cross_entropy({a}.transpose(1, 2).float(), torch.where({ids} == 0, -100, {ids}))", ()),
+                (f"(F.one_hot({ids}, {m}).to({a}.dtype) * {a})", shape),
+                (f"torch.zeros_like({a}).scatter_add(-1, {ids}.unsqueeze(-1), {a}[..., :1])", shape),
+                (f"{a}.masked_fill(({ids} == 1).unsqueeze(-1), 0.0)", shape),
+            ]
+        expression, out = rng.choice(choices)
+        self.new(expression, out)
+
     def reduction(self, a: str, shape: tuple) -> None:
         if not shape:
             return  # (a single value: nothing to reduce over)
@@ -176,7 +282,14 @@ class _Writer:
             return None
         picks = self.rng.sample(made, min(len(made), self.rng.randint(1, 3)))
         terms = [f"{p}.float().sum() * {i + 1}" for i, p in enumerate(picks)] + [f"({picks[0]} ** 2).sum() * 0.01"]
-        return "\n".join(self.lines + ["    return " + " + ".join(terms)])
+        total = " + ".join(terms)
+        if self.returns:  # values returned as they are too: views (of the inputs too), expands, aliases
+            total = f"({total}, {', '.join(self.rng.sample(self.names, self.rng.randint(1, 3)))})"
+        return "\n".join(self.lines + ["    return " + total])
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
 
 
 def _numel(shape) -> int:
@@ -186,13 +299,17 @@ def _numel(shape) -> int:
     return n
 
 
-def program(seed: int, indexing: bool = False, by_value: bool = False) -> Program | None:
+def program(seed: int, indexing: bool = False, by_value: bool = False, convolution: bool = False,
+            integers: bool = False, returns: bool = False, strided: bool = False) -> Program | None:
     """The program of ``seed`` (None for the rare seed whose statements made no value); with
-    ``indexing``, statements that index too (``by_value``: also by indices computed from values)."""
+    ``indexing``, statements that index too (``by_value``: also by indices computed from values);
+    ``convolution``: convolutions, batch norms and pools; ``integers``: an int64 input of ids;
+    ``returns``: a tuple, the sum then 1-3 values (inputs, views, expands) as they are;
+    ``strided``: inputs stored out of order (x transposed, y and w every other element)."""
     rng = random.Random(seed)
     sizes = (rng.choice([2, 3]), rng.choice([4, 5]), rng.choice([8, 6]))
-    writer = _Writer(rng, sizes, indexing, by_value)
+    writer = _Writer(rng, sizes, indexing, by_value, convolution, integers, returns)
     for _ in range(rng.randint(4, 10)):
         writer.statement()
     source = writer.source()
-    return Program(seed, source, sizes) if source else None
+    return Program(seed, source, sizes, integers, strided) if source else None

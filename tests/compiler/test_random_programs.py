@@ -1,8 +1,9 @@
 """Random programs (``random_programs.py``) under backend="kernelab" against eager: the value, every
 input's gradient, the value again under no_grad; in float16 against eager's own error from a
 float64 run; under dynamic shapes (two more sizes after the first); the same for programs that
-index (``program(seed, indexing=True)``). The seeds that found bugs in stop 46's and 47's sweeps
-(about 3,000 and 3,500 programs) are pinned as examples; hypothesis draws the others.
+index (``program(seed, indexing=True)``), and for programs that convolve and read integer class
+ids. The seeds that found bugs in stop 46's and 47's sweeps (about 3,000 and 3,500 programs) are
+pinned as examples; hypothesis draws the others.
 
 A failure prints the program's source and seed: ``program(seed).source``."""
 import warnings
@@ -20,12 +21,27 @@ SEEDS = st.integers(0, 10 ** 6)
 
 
 def _outputs(fn, inputs, grad: bool) -> list:
-    """The value, then each input's gradient (None where it does not reach the value)."""
-    leaves = [t.clone().requires_grad_(grad) for t in inputs]
+    """The values (the sum, and what a tuple returns beside it), then each float input's gradient
+    of them all (``sum(v) * k`` for the k-th; None where it does not reach them). The inputs are
+    copied with their strides."""
+    leaves = [_copy(t).requires_grad_(grad and t.is_floating_point()) for t in inputs]
     out = fn(*leaves)
-    if not grad or not out.requires_grad:
-        return [out]
-    return [out, *torch.autograd.grad(out, leaves, allow_unused=True)]
+    values = list(out) if isinstance(out, tuple) else [out]
+    reached = [v.float().sum() * (k + 1) for k, v in enumerate(values) if v.requires_grad]
+    if not grad or not reached:
+        return values
+    return [*values, *torch.autograd.grad(sum(reached), [t for t in leaves if t.requires_grad], allow_unused=True)]
+
+
+def _copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``t``'s values in a new tensor of the same strides (``clone`` makes a strided slice dense)."""
+    with torch.no_grad():
+        return torch.empty_strided(t.shape, t.stride(), dtype=dtype or t.dtype, device=t.device).copy_(t)
+
+
+def _cast(inputs: list, dtype: torch.dtype) -> list:
+    """The float inputs in ``dtype``, strides kept; integer ones (class ids) as they are."""
+    return [_copy(t, dtype) if t.is_floating_point() else t for t in inputs]
 
 
 def _compiled(p: Program):
@@ -44,11 +60,21 @@ def _same(got: list, want: list, what: str, tol: float = 1e-4) -> None:
         torch.testing.assert_close(g, w, rtol=tol, atol=tol, equal_nan=True, msg=lambda m: f"{what}, output {i}: {m}")
 
 
-def _check(p: Program) -> None:
-    fn, compiled, inputs = p.function(), _compiled(p), p.inputs()
-    _same(_outputs(compiled, inputs, True), _outputs(fn, inputs, True), f"program {p.seed}\n{p.source}\n")
-    with torch.no_grad():
-        _same([compiled(*inputs)], [fn(*inputs)], f"program {p.seed} under no_grad\n{p.source}\n")
+def _check(p: Program, device="cpu") -> None:
+    """Values and gradients within 1e-4 of eager's, then the value under no_grad; or, where a
+    program amplifies rounding (a batch norm over two equal values divides by sqrt(eps); its
+    backward's ``1 - xhat^2`` keeps 3 of float32's 7 digits), no farther from a float64 run than
+    eager is (``_as_exact_as_eager``: the rule of ``torch._dynamo.utils.same``'s float64 reference)."""
+    fn, compiled, inputs = p.function(), _compiled(p), p.inputs(device=device)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            got, eager = _outputs(compiled, inputs, grad), _outputs(fn, inputs, grad)
+            exact = _outputs(fn, _cast(inputs, torch.float64), grad)
+        try:
+            _same(got, eager, f"program {p.seed}{'' if grad else ' under no_grad'}\n{p.source}\n")
+        except AssertionError as differs:
+            scale = p.magnitude()(*_cast(inputs, torch.float64)).item()
+            _as_exact_as_eager(p, got, eager, exact, 1e-3, 1e-5, scale, differs)
 
 
 @SETTINGS
@@ -77,17 +103,23 @@ def _check_sizes(p: Program) -> None:
         inputs = p.inputs(sizes)
         try:
             want = _outputs(fn, inputs, True)
-        except RuntimeError:
-            continue  # a program written for the first sizes (a reshape to one of them)
+        except (RuntimeError, ValueError):
+            continue  # a program written for the first sizes (a reshape to one of them; cross-entropy's
+            # rows no longer the targets')
         _same(_outputs(compiled, inputs, True), want, f"program {p.seed} at {sizes}\n{p.source}\n")
 
 
-def _error(got: list, exact: list, floor: float = 0.1) -> list:
+def _error(got: list, exact: list, floor: float = 0.1, value_scale: float = 0.0) -> list:
     """Each output's error relative to the float64 value's norm, or to ``floor`` where that norm is
     smaller: a value that cancels to 0 exactly (``tanh(y) - tanh(y).reshape(...)``, read once from
-    memory, rounded, and once computed in the same kernel, not) has no relative error to speak of."""
-    return [None if g is None or e is None else ((g.double() - e.to(g.device)).norm() / max(e.norm().item(), floor)).item()
-            for g, e in zip(got, exact)]
+    memory, rounded, and once computed in the same kernel, not) has no relative error to speak of.
+    The value (output 0) is a sum of sums: its error is relative to at least ``value_scale``, the
+    sum of the elements' magnitudes (``Program.magnitude``): where they cancel (a layer norm's
+    outputs sum to 0; terms 19.0 - 19.44 + 0.55) each element's rounding is of the order of the
+    magnitudes, and eager's errors may cancel by luck."""
+    return [None if g is None or e is None else
+            ((g.double() - e.to(g.device)).norm() / max(e.norm().item(), floor, value_scale if i == 0 else 0.0)).item()
+            for i, (g, e) in enumerate(zip(got, exact))]
 
 
 @SETTINGS
@@ -105,17 +137,28 @@ def test_a_random_program_in_float16_is_as_close_to_float64_as_eager(seed):
         _half_check(p)
 
 
-def _half_check(p: Program) -> None:
-    inputs = p.inputs()
-    exact = _outputs(p.function(), [t.double() for t in inputs], True)
-    halves = [t.half() for t in inputs]
+def _half_check(p: Program, dtype=torch.float16, device="cpu", floor: float = 0.1, slack: float = 2e-3) -> None:
+    """Each output's error against a float64 run at most 4x eager's in ``dtype`` plus ``slack``
+    (the dtype's resolution), errors relative to at least ``floor`` (see ``_error``)."""
+    inputs = p.inputs(device=device)
+    exact = _outputs(p.function(), _cast(inputs, torch.float64), True)
+    scale = p.magnitude()(*_cast(inputs, torch.float64)).item()
+    halves = _cast(inputs, dtype)
     eager = _outputs(p.function(), halves, True)
     got = _outputs(_compiled(p), halves, True)
+    _as_exact_as_eager(p, got, eager, exact, floor, slack, scale)
+
+
+def _as_exact_as_eager(p: Program, got: list, eager: list, exact: list, floor: float, slack: float, scale: float,
+                       context: Exception | None = None) -> None:
+    """Each output's error against the float64 run ``exact`` at most 4x eager's plus ``slack``
+    (errors as ``_error`` takes them), and NaN only where eager's is."""
     assert len(got) == len(eager), p.source
-    for i, (e, k) in enumerate(zip(_error(eager, exact), _error(got, exact))):
+    for i, (e, k) in enumerate(zip(_error(eager, exact, floor, scale), _error(got, exact, floor, scale))):
         if e is None or k is None or e != e:  # (eager NaN: an overflow in float16, exp of a large value)
             continue
-        assert k == k and k <= 4 * e + 2e-3, f"program {p.seed}, output {i}: error {k:.2e} against eager's {e:.2e}\n{p.source}"
+        assert k == k and k <= 4 * e + slack, (f"program {p.seed}, output {i}: error {k:.2e} against eager's {e:.2e}\n"
+                                               f"{p.source}\n{context or ''}")
 
 
 @SETTINGS
@@ -144,6 +187,54 @@ def test_a_random_program_that_indexes_under_changing_sizes_matches_eager(seed):
     p = program(seed, indexing=True)
     if p is not None:
         _check_sizes(p)
+
+
+@SETTINGS
+@given(seed=SEEDS)
+@example(seed=4222)  # batch norms of a logsumexp of a batch-normed matmul: eager 1.5e-3 from float64, kernelab 3.9e-4
+@example(seed=6312)  # a scatter whose values are another scatter's buffer, in one kernel: did not build
+def test_a_random_program_that_convolves_and_reads_ids_matches_eager(seed):
+    """Convolutions (depthwise, pointwise, strided, transposed, 2-D), batch norms in training, pools,
+    and an int64 input of class ids: gathers, embeddings, cross-entropy, one-hot, scatters at it."""
+    p = program(seed, indexing=True, by_value=True, convolution=True, integers=True)
+    if p is not None:
+        _check(p)
+
+
+@SETTINGS
+@given(seed=SEEDS)
+@example(seed=2010)  # terms that cancel (19.0 - 19.44 + 0.55): eager's errors cancelled by luck
+@example(seed=2327)  # a layer norm's outputs summed (0 exactly): measured against the magnitudes
+def test_a_random_program_that_convolves_and_reads_ids_in_float16_is_as_close_to_float64_as_eager(seed):
+    p = program(seed, convolution=True, integers=True)
+    if p is not None:
+        _half_check(p)
+
+
+@SETTINGS
+@given(seed=SEEDS)
+def test_a_random_program_that_convolves_and_reads_ids_under_changing_sizes_matches_eager(seed):
+    p = program(seed, convolution=True, integers=True)
+    if p is not None:
+        _check_sizes(p)
+
+
+@SETTINGS
+@given(seed=SEEDS)
+def test_a_random_program_of_strided_inputs_returning_views_matches_eager(seed):
+    """Everything above, from inputs stored out of order (transposed, every other element), and
+    returning values as they are beside the sum: inputs, views of them, expands."""
+    p = program(seed, indexing=True, by_value=True, convolution=True, integers=True, returns=True, strided=True)
+    if p is not None:
+        _check(p)
+
+
+@SETTINGS
+@given(seed=SEEDS)
+def test_a_random_program_of_strided_inputs_returning_views_in_float16_is_as_close_to_float64_as_eager(seed):
+    p = program(seed, returns=True, strided=True)
+    if p is not None:
+        _half_check(p)
 
 
 @pytest.mark.parametrize("seed", [7, 11])

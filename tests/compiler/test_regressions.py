@@ -1598,6 +1598,59 @@ def test_a_cpu_literal_in_a_gpu_graph_is_left_to_aten():
     assert all(n.meta["val"].device.type == "cuda" for g in part.groups for n in g.nodes)
 
 
+def test_a_gpu_graph_with_a_cpu_vector_runs_its_kernels_on_the_gpu():
+    """A graph with CUDA values and a CPU value of one dim or more (a literal vector) was taken as
+    one to interpret (``"cpu" in devices``): on the GPU, where the interpreter is off, it was left
+    whole to ATen, and where it was on, its GPU kernels got the interpreter's tiling. It runs
+    generated kernels on the GPU now, the CPU value ATen's, and so is the copy of the vector to the
+    GPU (as a cast in the kernel, it would have loaded the vector through a host pointer)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kernelab.compiler import backend, graph
+    from kernelab.compiler.backend import decompositions
+
+    def f(y):
+        return (y * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]).to(y.device)).relu()
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        y = torch.empty(5, 8, device="cuda")
+        gm = make_fx(f, decomposition_table=decompositions())(y)
+    devices = backend._devices([y], gm)
+    assert devices == {"cpu", "cuda"}
+    assert backend._can_run(devices)[0] and not backend._interpreted(devices)
+    assert backend._interpreted({"cpu"}) and not backend._interpreted({"cuda"})
+    part = graph.partition(gm)
+    assert part.groups and all(n.meta["val"].device.type == "cuda" for g in part.groups for n in g.nodes)
+    assert all(a.meta["val"].device.type == "cuda" or a.meta["val"].dim() == 0
+               for g in part.groups for n in g.nodes for a in n.all_input_nodes)
+    copy = next(n for n in gm.graph.nodes if n.target is torch.ops.aten._to_copy.default)
+    assert "host-to-device" in part.eager[copy]
+
+
+def test_a_scatter_of_a_scatters_buffer_is_not_in_its_kernel():
+    """Found by a random-program sweep (programs that read class ids, seed 6312): the gradient of
+    ``w.index_select(0, r).index_select(0, r)`` scatters into one zero buffer, then scatters that
+    buffer into another at the same indices (dynamo shares ``r``). The second scatter joined the
+    first's kernel with the buffer as its values: element j would read the buffer before every add
+    into it had landed (here the runner's plan failed first: StopIteration)."""
+    from kernelab.errors import KernelabFallbackWarning
+
+    def f(w, i):
+        r = i.reshape(-1) % 8
+        return (w.index_select(0, r).index_select(0, r) ** 2).sum()
+
+    w, i = _r(8, grad=True), torch.randint(0, 8, (2, 4), generator=torch.Generator().manual_seed(3))
+    (want,) = torch.autograd.grad(f(w, i), w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelabFallbackWarning)
+        (got,) = torch.autograd.grad(torch.compile(f, backend="kernelab")(w, i), w)
+    assert_close(got, want, what="gradient of w")
+    plan = klc.explain(lambda w: torch.autograd.grad(f(w, i), w), w)
+    refusals = [why for g in plan.graphs for _, why in g.refusals]
+    assert any("a scatter's buffer is complete only when its kernel has finished" in why for why in refusals), refusals
+
+
 def test_a_per_row_vector_merged_into_a_square_reduction_is_not_broadcast_along_rows():
     """Found by a random-program sweep: the backward of ``maximum(v, w.unsqueeze(1))`` with
     ``v[..., 1] = 2.5`` set in place adds a (6,) vector (the item set's gradient, a ``where``) to a
