@@ -776,7 +776,7 @@ def _statistics_in_columns(gm, var_node, perm: list) -> int:
     rows = src.numel() // channels
     if rows - correction <= 0:
         return 0
-    b = Builder(gm, var_node, val)
+    b = Builder(gm, _first_of(gm, [var_node, *sums]), val)
     try:
         # memory order, (N, H, W, C); a cast before it (a float16 norm's) recomputed on the view
         matrix = _permuted(b, x, perm, _recomputed_for_columns(gm), {})
@@ -937,7 +937,7 @@ def _statistics_in_rows(gm, var_node, lead: list, flat: list) -> int:
     n_rows = math.prod(src.shape[d] for d in lead)
     length = flat[-1]
     count = n_rows * length
-    b = Builder(gm, var_node, val)
+    b = Builder(gm, _first_of(gm, [var_node, *sums]), val)
     try:
         rows = b.op(aten.view.default, x, flat) if list(src.shape) != flat else x
         row_var = b.op(prims.var.default, rows, [len(flat) - 1], 0.0)  # (lead..., C)
@@ -958,6 +958,15 @@ def _statistics_in_rows(gm, var_node, lead: list, flat: list) -> int:
         b.undo()  # (nodes left unread would still be planned as kernels)
         return 0
     return _statistics_replaced(var_node, new_var, sums, new_sums)
+
+
+def _first_of(gm: fx.GraphModule, nodes: list) -> fx.Node:
+    """The earliest of ``nodes`` in the graph: restatements that replace them all go before it (a
+    sum beside the variance may come first: a batch norm's backward over (N, C, 1) summed its
+    input before the variance, and the restated sum, put before the variance, came after the sum's
+    readers; the graph did not lint)."""
+    wanted = set(nodes)
+    return next(n for n in gm.graph.nodes if n in wanted)
 
 
 def _statistics_replaced(var_node, new_var, sums: list, new_sums: list) -> int:

@@ -10,7 +10,8 @@ and, with ``by_value=True``, indices computed from the values (a gather at ``lon
 argmax, topk, integer arithmetic): those pick other elements when float16 rounds a value another
 way, so the float16 test leaves them out. ``returns=True`` returns a tuple: the sum, then values as they are (inputs, views of them,
 expands: aliases the compiled function must reproduce). ``strided=True`` stores the inputs out of
-order. ``convolution=True`` adds what vision models do:
+order. ``mutating=True`` changes copies in place (mul_, add_, copy_, masked_fill_, clamp_), whole
+or through views of them. ``convolution=True`` adds what vision models do:
 depthwise, pointwise, strided and transposed convolutions (their weights cut from y, so they get
 gradients too), batch norm in training mode, pools. ``integers=True`` adds an integer input
 i (B, S) of class ids in [0, N): gathers, embeddings, cross-entropy, one-hot, scatters and
@@ -75,10 +76,10 @@ class Program:
 
 class _Writer:
     def __init__(self, rng: random.Random, sizes: tuple, indexing: bool = False, by_value: bool = False,
-                 convolution: bool = False, integers: bool = False, returns: bool = False):
+                 convolution: bool = False, integers: bool = False, returns: bool = False, mutating: bool = False):
         b, s, n = sizes
         self.indexing, self.by_value, self.convolution, self.integers = indexing, by_value, convolution, integers
-        self.returns = returns
+        self.returns, self.mutating = returns, mutating
         self.rng, self.lines = rng, ["def fn(x, y, z, w, i):" if integers else "def fn(x, y, z, w):"]
         self.shapes = {"x": (b, s, n), "y": (s, n), "z": (b, s, 1), "w": (n,)}
         self.names = list(self.shapes)  # (float values only: i is read by the integer statements)
@@ -104,6 +105,11 @@ class _Writer:
             return
         if self.integers and rng.random() < 0.25:
             self.with_ids(self.value(3, 0.7))
+            return
+        if self.mutating and rng.random() < 0.25:
+            a = self.value(3, 0.7)
+            if self.shapes[a]:
+                self.mutated(a, self.shapes[a])
             return
         if self.indexing and rng.random() < 0.35:
             a = self.value(3, 0.7)
@@ -225,6 +231,24 @@ class _Writer:
         expression, out = rng.choice([(e, o) for e, o in choices if min(o) >= 1])
         self.new(expression, out)
 
+    def mutated(self, a: str, shape: tuple) -> None:
+        """A copy of ``a`` changed in place, whole or through a view of it (a slice, a row, a
+        transposed column, every other element): later statements read the changed copy."""
+        rng = self.rng
+        c = self.new(f"{a}.clone(memory_format=torch.contiguous_format)", shape)
+        k = rng.randint(1, shape[-1])
+        views = [(c, shape), (f"{c}[..., :{k}]", shape[:-1] + (k,)), (f"{c}[0]", shape[1:]),
+                 (f"{c}.view(-1)[::2]", ((_numel(shape) + 1) // 2,))]
+        if len(shape) >= 2:
+            views.append((f"{c}.transpose(-1, -2)[..., 0]", shape[:-2] + (shape[-1],)))
+        target, tshape = rng.choice(views)
+        others = [m for m in self.names if m != c and _broadcasts(self.shapes[m], tshape)]
+        ops = [".mul_(0.5)", ".add_(1.0)", f".masked_fill_({target} > 0.3, -1.0)", ".clamp_(-0.6, 0.6)"]
+        if others:
+            b = rng.choice(others)
+            ops += [f".add_({b}.to({c}.dtype))", f".copy_({b}.to({c}.dtype))", f".mul_({b}.to({c}.dtype))"]
+        self.lines.append(f"    {target}{rng.choice(ops)}")
+
     def with_ids(self, a: str) -> None:
         """A statement that reads the class ids i (B, S), int64 in [0, N)."""
         rng, shape, (b, s, n) = self.rng, self.shapes[a], self.shapes["x"]
@@ -288,6 +312,13 @@ class _Writer:
         return "\n".join(self.lines + ["    return " + total])
 
 
+def _broadcasts(shape: tuple, to: tuple) -> bool:
+    """Does a value of ``shape`` broadcast to ``to`` without changing it (an in-place operand)?"""
+    if len(shape) > len(to):
+        return False
+    return all(a in (1, b) for a, b in zip(shape[::-1], to[::-1]))
+
+
 def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
@@ -300,15 +331,17 @@ def _numel(shape) -> int:
 
 
 def program(seed: int, indexing: bool = False, by_value: bool = False, convolution: bool = False,
-            integers: bool = False, returns: bool = False, strided: bool = False) -> Program | None:
+            integers: bool = False, returns: bool = False, strided: bool = False,
+            mutating: bool = False) -> Program | None:
     """The program of ``seed`` (None for the rare seed whose statements made no value); with
     ``indexing``, statements that index too (``by_value``: also by indices computed from values);
     ``convolution``: convolutions, batch norms and pools; ``integers``: an int64 input of ids;
     ``returns``: a tuple, the sum then 1-3 values (inputs, views, expands) as they are;
-    ``strided``: inputs stored out of order (x transposed, y and w every other element)."""
+    ``strided``: inputs stored out of order (x transposed, y and w every other element);
+    ``mutating``: copies changed in place, whole or through views."""
     rng = random.Random(seed)
     sizes = (rng.choice([2, 3]), rng.choice([4, 5]), rng.choice([8, 6]))
-    writer = _Writer(rng, sizes, indexing, by_value, convolution, integers, returns)
+    writer = _Writer(rng, sizes, indexing, by_value, convolution, integers, returns, mutating)
     for _ in range(rng.randint(4, 10)):
         writer.statement()
     source = writer.source()

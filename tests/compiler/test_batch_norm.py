@@ -66,6 +66,11 @@ CASES = {
     "no affine": (lambda: torch.nn.BatchNorm2d(4, affine=False), (3, 4, 6, 6)),
     "1x1 spatial": (lambda: torch.nn.BatchNorm2d(4), (8, 4, 1, 1)),
     "1d over (N, C)": (lambda: torch.nn.BatchNorm1d(7), (9, 7)),
+    # (found by the random programs on an H100: the backward's sum beside the variance came before
+    # it, and the restated sum, put before the variance, after the sum's readers)
+    "(N, C, 1) without running statistics": (lambda: torch.nn.BatchNorm1d(5, track_running_stats=False), (2, 5, 1)),
+    "1x1 spatial without running statistics": (
+        lambda: torch.nn.BatchNorm2d(4, affine=False, track_running_stats=False), (8, 4, 1, 1)),
 }
 
 

@@ -203,6 +203,20 @@ def test_a_random_program_that_convolves_and_reads_ids_matches_eager(seed):
 
 @SETTINGS
 @given(seed=SEEDS)
+@example(seed=2010)  # a batch norm over (2, 5, 1): the restated sum after its readers (found on an H100)
+def test_a_random_program_that_convolves_with_the_gpus_batch_norm_matches_eager(seed, monkeypatch):
+    """The same programs with training batch norm decomposed into generated kernels, forward and
+    backward, as on a GPU (``KERNELAB_BN_FORWARD``/``KERNELAB_BN_BACKWARD``; the CPU's default keeps
+    ATen's norm)."""
+    monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
+    p = program(seed, convolution=True, integers=True)
+    if p is not None:
+        _check(p)
+
+
+@SETTINGS
+@given(seed=SEEDS)
 @example(seed=2010)  # terms that cancel (19.0 - 19.44 + 0.55): eager's errors cancelled by luck
 @example(seed=2327)  # a layer norm's outputs summed (0 exactly): measured against the magnitudes
 def test_a_random_program_that_convolves_and_reads_ids_in_float16_is_as_close_to_float64_as_eager(seed):
@@ -235,6 +249,16 @@ def test_a_random_program_of_strided_inputs_returning_views_in_float16_is_as_clo
     p = program(seed, returns=True, strided=True)
     if p is not None:
         _half_check(p)
+
+
+@SETTINGS
+@given(seed=SEEDS)
+def test_a_random_program_that_changes_copies_in_place_matches_eager(seed):
+    """Copies changed in place, whole or through views of them (a slice, a row, a transposed
+    column, every other element), read later, beside everything above."""
+    p = program(seed, indexing=True, convolution=True, integers=True, returns=True, strided=True, mutating=True)
+    if p is not None:
+        _check(p)
 
 
 @pytest.mark.parametrize("seed", [7, 11])
