@@ -38,6 +38,7 @@ __all__ = ["Builder", "one_hot_indexing", "multiplications_by_one", "unsqueezed_
            "inputs_in_row_space", "trailing_reductions_as_rows",
            "conv_biases_as_adds", "clones_read_through_permutes", "negated_cat_pieces", "slices_through_products", "cats_of_products",
            "batch_norm_forwards_decomposed", "batch_norms_in_place", "cuda_clamps_without_nan_bounds", "gathers_before_casts",
+           "batch_norm_backward_weights_contiguous",
            "truth_reductions_as_extremes", "common_subexpressions", "prologues_in_row_space",
            "middle_dims_kept_as_rows_then_columns", "batch_norm_statistics_as_rows_then_columns",
            "batch_norm_statistics_as_columns", "innermost_kept_sums_as_columns", "buffer_copies",
@@ -50,7 +51,7 @@ prims = torch.ops.prims
 def rewrite(gm: fx.GraphModule) -> int:
     """Every rewrite of this module, in order; how many nodes were rewritten."""
     return (common_subexpressions(gm) + unsqueezed_repeats(gm) + multiplications_by_one(gm) + cuda_clamps_without_nan_bounds(gm)
-            + batch_norms_in_place(gm)
+            + batch_norm_backward_weights_contiguous(gm) + batch_norms_in_place(gm)
             + fills_without_inputs(gm) + cats_without_empties(gm) + pads_as_cats(gm) + slices_through_cats(gm)
             + scatters_as_cats(gm)
             + reductions_of_one_element(gm) + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
@@ -226,6 +227,25 @@ def cuda_clamps_without_nan_bounds(gm: fx.GraphModule) -> int:
                 held[key] = float("-inf") if name == "min" else float("inf")  # bounds nothing
                 count += 1
         node.args, node.kwargs = tuple(args), kwargs
+    return count
+
+
+def batch_norm_backward_weights_contiguous(gm: fx.GraphModule) -> int:
+    """ATen's ``native_batch_norm_backward`` kept whole (the CPU's default) reads a weight it is
+    handed as a strided view (``w[:C]`` of a larger tensor, every other element) as if it were
+    dense: the input's gradient takes the elements between (PyTorch 2.14's CPU kernel; eager gives
+    NaN or garbage there too). Such a weight is copied dense first: C elements."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.native_batch_norm_backward.default:
+            continue
+        weight = node.args[2] if len(node.args) > 2 else None
+        val = fusion.value(weight) if isinstance(weight, fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.is_contiguous():
+            continue
+        dense = Builder(gm, node, val).op(aten.clone.default, weight, memory_format=torch.contiguous_format)
+        node.replace_input_with(weight, dense)
+        count += 1
     return count
 
 

@@ -70,7 +70,7 @@ class Program:
         floats = [torch.randn(shape, generator=g).to(device=device, dtype=dtype) for shape in shapes]
         if self.strided:  # the same values in other memory orders: transposed, every other element
             strides = ((s * n, 1, s), (2 * n, 2), (s, 1, 1), (2,))
-            floats = [torch.empty_strided(t.shape, st, dtype=dtype, device=device).copy_(t) for t, st in zip(floats, strides)]
+            floats = [strided_copy(t, st) for t, st in zip(floats, strides)]
         return floats + ([torch.randint(0, n, (b, s), generator=g).to(device)] if self.integers else [])
 
 
@@ -310,6 +310,19 @@ class _Writer:
         if self.returns:  # values returned as they are too: views (of the inputs too), expands, aliases
             total = f"({total}, {', '.join(self.rng.sample(self.names, self.rng.randint(1, 3)))})"
         return "\n".join(self.lines + ["    return " + total])
+
+
+def strided_copy(t: torch.Tensor, strides: tuple, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A leaf with ``t``'s values (in ``dtype``) at ``strides``, the elements between them NaN: a
+    kernel that reads a gap (an input taken as denser than it is) makes its output NaN, every time,
+    where uninitialized memory gave whatever was there (0.06 one run, 3.6e15 the next)."""
+    out = torch.empty_strided(t.shape, strides, dtype=dtype or t.dtype, device=t.device)
+    with torch.no_grad():
+        if out.is_floating_point():
+            whole = torch.empty(0, dtype=out.dtype, device=out.device)
+            whole.set_(out.untyped_storage(), 0, (out.untyped_storage().nbytes() // out.element_size(),)).fill_(float("nan"))
+        out.copy_(t)
+    return out
 
 
 def _broadcasts(shape: tuple, to: tuple) -> bool:

@@ -348,3 +348,25 @@ def test_generated_forward_keeps_atens_backward_formula(monkeypatch, backward):
 # torch ops 1.4e-4, and with that variance perturbed by 1.6e-7 (the generated statistics' measured
 # error, ATen's 8e-8) 3.3e-3 or 2.4e-4 depending on the draw. Comparisons against eager on the same
 # inputs (test_models_with_batch_norms_generated, the model zoo) are what these tests check.)
+
+
+def test_atens_backward_gets_a_strided_weight_dense(monkeypatch):
+    """PyTorch's CPU ``native_batch_norm_backward`` reads a weight handed as a strided view (every
+    other element of a larger tensor) as if it were dense: the input's gradient takes the elements
+    between (NaN here, where they are NaN; garbage in eager). Kept whole (the CPU's default), it
+    is handed a dense copy (``rewrites.batch_norm_backward_weights_contiguous``): the gradients of
+    eager on a dense weight. Found by the random programs of strided inputs."""
+    from tests.compiler.random_programs import strided_copy
+
+    monkeypatch.setenv("KERNELAB_BN_BACKWARD", "aten")
+    w = strided_copy(_r(8), (2,)).requires_grad_()  # NaN between its elements
+    z, dy = _r(3, 5, 1, seed=1).requires_grad_(), _r(3, 5, 1, seed=2)
+
+    def f(z, w):
+        return torch.nn.functional.batch_norm(z, None, None, w[:5], None, training=True)
+
+    dense = w.detach().contiguous().requires_grad_()
+    want = torch.autograd.grad(f(z, dense), (z, dense), dy)
+    got = torch.autograd.grad(torch.compile(f, backend="kernelab")(z, w), (z, w), dy)
+    assert_close(got[0], want[0], what="input gradient")
+    assert_close(got[1], want[1], what="weight gradient")

@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.compiler.random_programs import Program, program
+from tests.compiler.random_programs import Program, program, strided_copy
 
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
@@ -34,9 +34,9 @@ def _outputs(fn, inputs, grad: bool) -> list:
 
 
 def _copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``t``'s values in a new tensor of the same strides (``clone`` makes a strided slice dense)."""
-    with torch.no_grad():
-        return torch.empty_strided(t.shape, t.stride(), dtype=dtype or t.dtype, device=t.device).copy_(t)
+    """``t``'s values in a new tensor of the same strides (``clone`` makes a strided slice dense),
+    NaN between them (``strided_copy``)."""
+    return strided_copy(t, t.stride(), dtype)
 
 
 def _cast(inputs: list, dtype: torch.dtype) -> list:
