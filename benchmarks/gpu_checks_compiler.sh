@@ -64,7 +64,7 @@
 # CALL=22 (stop 47, rerun in stop 48 with the random programs that convolve and read ids): the GPU
 # random programs, then GPT-2 beside stop 45's code (OLD). CALL=23 (stop 48): Llama, Mixtral, T5.
 # CALL=24 (stop 48): the GPU random programs, then the four LMs' training steps, kernelab alone.
-# CALL=25 (stop 48): the random programs again, then GPT-2's plans and peak allocations, this code and OLD's.
+# CALL=25 (stop 48): the random programs again, T5 beside stop 47's code, GPT-2's peak allocations beside stop 45's.
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -187,19 +187,21 @@ if [ "${CALL:-2}" = 19 ]; then  # stop 46: call 18 in a short budget (413 s of d
     exit 0
 fi
 if [ "${CALL:-2}" = 25 ]; then  # stop 48: CALL=24's random programs again (the batch-norm restatement's order
-    # fixed), then GPT-2's peak (5.20 GiB against stop 45's code's 4.86, OLD: `git archive cbbef73`): both codes' GPU
-    # plans and the allocations live at each one's peak (zoo_profile --memory), one archive
+    # fixed); T5's training step (CALL=24: 30.12 ms, stop 47's CALL=21 22.01 on another H100) beside stop 47's
+    # code (OLD47: `git archive 6537968`), alternating, kernelab only; then GPT-2's peak (5.20 GiB against stop
+    # 45's code's 4.86, OLD45: `git archive cbbef73`): the allocations live at each one's peak, one archive
     timeout "$(left 120)" python3 -m pytest tests/gpu/test_random_programs_gpu.py -q -p no:cacheprovider -W ignore \
         -rf --tb=short > "$OUT/gpu_random.txt" 2>&1
     echo "random programs rc=$? (${SECONDS}s): $(tail -1 "$OUT/gpu_random.txt")"; grep "^FAILED" "$OUT/gpu_random.txt" | head
     R=$PWD; mkdir -p "$OUT/ab"
+    ab() { (cd "$1" && timeout "$(left 90)" python3 benchmarks/models.py "$OUT/ab/m_$2" --only t5 --modes kernelab \
+        --steps train --budget-s 80 > "$OUT/ab/m_$2.log" 2>&1); echo "$2 (${SECONDS}s): $(grep -E '^ +t5' "$OUT/ab/m_$2.log" | cut -c1-160)"; }
+    ab "$R" t5_new1; ab "$R/$OLD47" t5_old1; ab "$R" t5_new2; ab "$R/$OLD47" t5_old2
     for side in new old; do
-        dir=$R; [ "$side" = old ] && dir=$R/$OLD
-        (cd "$dir" && timeout "$(left 90)" python3 benchmarks/zoo_plan_gpu.py "$OUT/ab/plan_$side" gpt2:train \
-            > "$OUT/ab/plan_$side.log" 2>&1)
-        (cd "$dir" && timeout "$(left 120)" python3 benchmarks/zoo_profile.py "$OUT/ab/prof_$side" gpt2:train \
+        dir=$R; [ "$side" = old ] && dir=$R/$OLD45
+        (cd "$dir" && timeout "$(left 90)" python3 benchmarks/zoo_profile.py "$OUT/ab/prof_$side" gpt2:train \
             --modes kernelab --memory --top 40 > "$OUT/ab/prof_$side.log" 2>&1)
-        echo "$side (${SECONDS}s): $(grep -iE "peak" "$OUT/ab/prof_$side.log" | head -2 | cut -c1-200)"
+        echo "gpt2 $side (${SECONDS}s): $(grep -iE "peak" "$OUT/ab/prof_$side.log" | head -2 | cut -c1-200)"
     done
     (cd "$OUT" && tar czf ab.tgz ab && rm -rf ab)
     exit 0

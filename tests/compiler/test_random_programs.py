@@ -60,6 +60,13 @@ def _same(got: list, want: list, what: str, tol: float = 1e-4) -> None:
         torch.testing.assert_close(g, w, rtol=tol, atol=tol, equal_nan=True, msg=lambda m: f"{what}, output {i}: {m}")
 
 
+def _checked(seed: int, check, **options) -> None:
+    """``check`` the program of ``seed`` and ``options`` (``program``'s), if the seed makes one."""
+    p = program(seed, **options)
+    if p is not None:
+        check(p)
+
+
 def _check(p: Program, device="cpu") -> None:
     """Values and gradients within 1e-4 of eager's, then the value under no_grad; or, where a
     program amplifies rounding (a batch norm over two equal values divides by sqrt(eps); its
@@ -81,18 +88,14 @@ def _check(p: Program, device="cpu") -> None:
 @given(seed=SEEDS)
 @example(seed=10061)  # a cat merged with its pieces' producers: a value never written
 def test_a_random_program_matches_eager(seed):
-    p = program(seed)
-    if p is not None:
-        _check(p)
+    _checked(seed, _check)
 
 
 @SETTINGS
 @given(seed=SEEDS)
 @example(seed=40010)  # a guard made while planning: the runner did not know a size
 def test_a_random_program_under_changing_sizes_matches_eager(seed):
-    p = program(seed)
-    if p is not None:
-        _check_sizes(p)
+    _checked(seed, _check_sizes)
 
 
 def _check_sizes(p: Program) -> None:
@@ -132,9 +135,7 @@ def test_a_random_program_in_float16_is_as_close_to_float64_as_eager(seed):
     """float16 rounds differently in a kernel (held in float32, rounded where stored) than in
     eager (rounded after every op): each output's error against a float64 run must be of the
     order of eager's own (at most 4x it, plus float16's resolution), and NaN only where eager's is."""
-    p = program(seed)
-    if p is not None:
-        _half_check(p)
+    _checked(seed, _half_check)
 
 
 def _half_check(p: Program, dtype=torch.float16, device="cpu", floor: float = 0.1, slack: float = 2e-3) -> None:
@@ -167,26 +168,20 @@ def _as_exact_as_eager(p: Program, got: list, eager: list, exact: list, floor: f
 def test_a_random_program_that_indexes_matches_eager(seed):
     """Indexing by tensors, gathers, scatters, embeddings, matmuls, in-place item sets, and indices
     computed from the values (argmax, topk, ``long()`` of values)."""
-    p = program(seed, indexing=True, by_value=True)
-    if p is not None:
-        _check(p)
+    _checked(seed, _check, indexing=True, by_value=True)
 
 
 @SETTINGS
 @given(seed=SEEDS)
 @example(seed=200251)  # an embedding's index merged into its backward's scatter kernel: broadcast along D
 def test_a_random_program_that_indexes_in_float16_is_as_close_to_float64_as_eager(seed):
-    p = program(seed, indexing=True)
-    if p is not None:
-        _half_check(p)
+    _checked(seed, _half_check, indexing=True)
 
 
 @SETTINGS
 @given(seed=SEEDS)
 def test_a_random_program_that_indexes_under_changing_sizes_matches_eager(seed):
-    p = program(seed, indexing=True)
-    if p is not None:
-        _check_sizes(p)
+    _checked(seed, _check_sizes, indexing=True)
 
 
 @SETTINGS
@@ -196,9 +191,7 @@ def test_a_random_program_that_indexes_under_changing_sizes_matches_eager(seed):
 def test_a_random_program_that_convolves_and_reads_ids_matches_eager(seed):
     """Convolutions (depthwise, pointwise, strided, transposed, 2-D), batch norms in training, pools,
     and an int64 input of class ids: gathers, embeddings, cross-entropy, one-hot, scatters at it."""
-    p = program(seed, indexing=True, by_value=True, convolution=True, integers=True)
-    if p is not None:
-        _check(p)
+    _checked(seed, _check, indexing=True, by_value=True, convolution=True, integers=True)
 
 
 @SETTINGS
@@ -210,9 +203,7 @@ def test_a_random_program_that_convolves_with_the_gpus_batch_norm_matches_eager(
     ATen's norm)."""
     monkeypatch.setenv("KERNELAB_BN_FORWARD", "generated")
     monkeypatch.setenv("KERNELAB_BN_BACKWARD", "generated")
-    p = program(seed, convolution=True, integers=True)
-    if p is not None:
-        _check(p)
+    _checked(seed, _check, convolution=True, integers=True)
 
 
 @SETTINGS
@@ -220,17 +211,13 @@ def test_a_random_program_that_convolves_with_the_gpus_batch_norm_matches_eager(
 @example(seed=2010)  # terms that cancel (19.0 - 19.44 + 0.55): eager's errors cancelled by luck
 @example(seed=2327)  # a layer norm's outputs summed (0 exactly): measured against the magnitudes
 def test_a_random_program_that_convolves_and_reads_ids_in_float16_is_as_close_to_float64_as_eager(seed):
-    p = program(seed, convolution=True, integers=True)
-    if p is not None:
-        _half_check(p)
+    _checked(seed, _half_check, convolution=True, integers=True)
 
 
 @SETTINGS
 @given(seed=SEEDS)
 def test_a_random_program_that_convolves_and_reads_ids_under_changing_sizes_matches_eager(seed):
-    p = program(seed, convolution=True, integers=True)
-    if p is not None:
-        _check_sizes(p)
+    _checked(seed, _check_sizes, convolution=True, integers=True)
 
 
 @SETTINGS
@@ -238,17 +225,13 @@ def test_a_random_program_that_convolves_and_reads_ids_under_changing_sizes_matc
 def test_a_random_program_of_strided_inputs_returning_views_matches_eager(seed):
     """Everything above, from inputs stored out of order (transposed, every other element), and
     returning values as they are beside the sum: inputs, views of them, expands."""
-    p = program(seed, indexing=True, by_value=True, convolution=True, integers=True, returns=True, strided=True)
-    if p is not None:
-        _check(p)
+    _checked(seed, _check, indexing=True, by_value=True, convolution=True, integers=True, returns=True, strided=True)
 
 
 @SETTINGS
 @given(seed=SEEDS)
 def test_a_random_program_of_strided_inputs_returning_views_in_float16_is_as_close_to_float64_as_eager(seed):
-    p = program(seed, returns=True, strided=True)
-    if p is not None:
-        _half_check(p)
+    _checked(seed, _half_check, returns=True, strided=True)
 
 
 @SETTINGS
@@ -256,9 +239,7 @@ def test_a_random_program_of_strided_inputs_returning_views_in_float16_is_as_clo
 def test_a_random_program_that_changes_copies_in_place_matches_eager(seed):
     """Copies changed in place, whole or through views of them (a slice, a row, a transposed
     column, every other element), read later, beside everything above."""
-    p = program(seed, indexing=True, convolution=True, integers=True, returns=True, strided=True, mutating=True)
-    if p is not None:
-        _check(p)
+    _checked(seed, _check, indexing=True, convolution=True, integers=True, returns=True, strided=True, mutating=True)
 
 
 @pytest.mark.parametrize("seed", [7, 11])
