@@ -8,12 +8,12 @@ ATen, the values and gradients must be eager's.
 index_select, index_add, scatter_add, embedding, a batched matmul, masked_fill, an item set in place,
 and, with ``by_value=True``, indices computed from the values (a gather at ``long()`` of values,
 argmax, topk, integer arithmetic): those pick other elements when float16 rounds a value another
-way, so the float16 test leaves them out. ``returns=True`` returns a tuple: the sum, then values as they are (inputs, views of them,
-expands: aliases the compiled function must reproduce). ``strided=True`` stores the inputs out of
-order. ``mutating=True`` changes copies in place (mul_, add_, copy_, masked_fill_, clamp_), whole
-or through views of them. ``convolution=True`` adds what vision models do:
-depthwise, pointwise, strided and transposed convolutions (their weights cut from y, so they get
-gradients too), batch norm in training mode, pools. ``integers=True`` adds an integer input
+way, so the float16 test leaves them out. ``returns=True`` returns a tuple: the sum, then values
+as they are (inputs, views of them, expands: aliases the compiled function must reproduce).
+``strided=True`` stores the inputs out of order. ``mutating=True`` changes copies in place (mul_,
+add_, copy_, masked_fill_, clamp_), whole or through views of them. ``convolution=True`` adds what
+vision models do: depthwise, pointwise, strided and transposed convolutions (their weights cut
+from y, so they get gradients too), batch norm in training mode, pools. ``integers=True`` adds an integer input
 i (B, S) of class ids in [0, N): gathers, embeddings, cross-entropy, one-hot, scatters and
 advanced indexing at i, and integer arithmetic on it.
 
@@ -252,9 +252,8 @@ class _Writer:
     def with_ids(self, a: str) -> None:
         """A statement that reads the class ids i (B, S), int64 in [0, N)."""
         rng, shape, (b, s, n) = self.rng, self.shapes[a], self.shapes["x"]
-        rows = s
         choices = [
-            (f"F.embedding(i % {rows}, y)", (b, s, n)),
+            (f"F.embedding(i % {s}, y)", (b, s, n)),  # (y's S rows as the table)
             (f"((i * 3 + 1) % {n}).to(x.dtype)", (b, s)),
             (f"(i == i.amax(-1, keepdim=True)).to(x.dtype)", (b, s)),
             (f"torch.where(i > {n // 2}, x.sum(-1), 0.0)", (b, s)),
