@@ -1,8 +1,9 @@
 """What every kernel template shares: the loads of a group, the emitter that names values and
 writes lines, the Triton expression of each pointwise node, the signature of strided templates,
-and the helpers both row-reduction bodies use (persistent in ``codegen.py``, looped in
-``loops.py``). The templates (``codegen.py``: pointwise and rows; ``loops.py``; ``columns.py``)
-import from here and not from each other, so no template module imports another.
+and the helpers both row-reduction bodies use (persistent in ``templates/rows.py``, looped in
+``templates/rows_looped.py``). The templates (``templates/``: ``pointwise.py``, ``rows.py`` with
+``rows_looped.py``, ``columns.py``) import from here and not from each other (the rows template's
+looped body aside).
 """
 from __future__ import annotations
 
@@ -210,7 +211,7 @@ class Emitter:
 
 def local_name(node) -> str:
     """A node's name inside its kernel's source: positional (``n3``, ``i0``, ``s1``), set by
-    ``codegen.kernel_source`` (:func:`name_locally`), so that the same group in every repeated layer of a model generates the
+    ``templates.kernel_source`` (:func:`name_locally`), so that the same group in every repeated layer of a model generates the
     same text and compiles once (the cache is keyed by the source hash)."""
     return node.meta.get("kl_local", node.name)
 

@@ -34,7 +34,8 @@ import torch
 
 from ..launch import Launcher
 from .fusion import accumulating_index_put as accumulates, gathered_shape
-from .group_runner import interpreted, pow2
+from .group_runner import interpreted
+from .templates.base import pow2
 
 __all__ = ["KERNEL_NAME", "PLACES_KERNEL_NAME", "ScatterAddRows", "accumulates", "fast_path", "fits", "places_fit"]
 

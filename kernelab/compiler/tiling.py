@@ -1,9 +1,10 @@
 """The compiler's launch heuristics as data: how a row or a column reduction is tiled on a GPU.
 
-``GroupRunner.reduction_launch`` and ``column_launch`` read these; a tuning script passes its own
-(``kernelab.compile(fn, options={"tiling": Tiling(...)})``) instead of patching those methods.
-The interpreter keeps its own small tiles (its programs run one at a time) whatever is passed.
-The defaults are what the H200 measured (the methods' docstrings say how).
+The templates' ``launch`` functions (``templates/pointwise.py``, ``rows.py``, ``columns.py``) read
+these; a tuning script passes its own (``kernelab.compile(fn, options={"tiling": Tiling(...)})``)
+instead of patching those functions. The interpreter keeps its own small tiles (its programs run
+one at a time) whatever is passed. The defaults are what the H200 measured (the functions'
+docstrings say how).
 """
 from __future__ import annotations
 

@@ -202,14 +202,14 @@ def test_dynamic_rows():
 
 def test_counters_are_kept_per_stream(monkeypatch):
     """Launches on one stream run in order and can share a counter set; two streams get two."""
-    from kernelab.compiler import group_runner
+    from kernelab.compiler.templates import base
 
-    call = group_runner.Call(kernel=None, grid=(1, 2), tail=[], meta={}, outs=[], device=torch.device("cpu"),
-                              workspace=8, col_blocks=3)
+    call = base.Call(kernel=None, grid=(1, 2), tail=[], meta={}, outs=[], device=torch.device("cpu"),
+                workspace=8, col_blocks=3)
     work, first = call.scratch()
     assert work.shape == (8,) and work.dtype == torch.float32 and first.tolist() == [0, 0, 0]
     assert call.scratch()[1] is first  # the same stream: the same counters
-    monkeypatch.setattr(group_runner, "current_stream", lambda device: 7)
+    monkeypatch.setattr(base, "current_stream", lambda device: 7)
     other = call.scratch()[1]
     assert other is not first and other.tolist() == [0, 0, 0]
     assert sorted(call.counters) == [0, 7]

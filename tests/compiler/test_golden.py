@@ -1,4 +1,4 @@
-"""Golden files of the generated Triton source: a change to codegen shows up as a diff here.
+"""Golden files of the generated Triton source: a change to a template (``kernelab/compiler/templates/``) shows up as a diff here.
 
 Regenerate after an intended change with ``KERNELAB_UPDATE_GOLDEN=1`` and review the diff.
 """
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
-from kernelab.compiler import codegen, graph
+from kernelab.compiler import graph, templates
 from kernelab.compiler.backend import decompositions
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -52,7 +52,7 @@ def test_generated_source_matches_golden(name):
     fn, args, rank, persistent = CASES[name]
     groups = forward_groups(fn, *args)
     assert len(groups) == 1, [g.name for g in groups]
-    source = codegen.kernel_source(groups[0], rank, persistent)
+    source = templates.kernel_source(groups[0], rank, persistent)
     path = GOLDEN / f"{name}.py"
     if os.environ.get("KERNELAB_UPDATE_GOLDEN") == "1" or not path.exists():
         path.parent.mkdir(exist_ok=True)

@@ -464,13 +464,14 @@ def test_long_rows_with_a_variance_take_the_looped_template():
 
     from kernelab.compiler import graph, group_runner
     from kernelab.compiler.backend import decompositions
+    from kernelab.compiler.templates import rows
 
     def launch(fn, *args):
         gm = make_fx(fn, decomposition_table=decompositions())(*args)
         (group,) = [g for g in graph.partition(gm).groups if g.kind == "reduction"]
         runner = group_runner.GroupRunner(group, interpret=False)
         x = args[0]
-        return runner.reduction_launch((x.shape[0],), [(x.shape[1],)], x.shape[0], x.shape[1], [x])
+        return rows.launch(runner, (x.shape[0],), [(x.shape[1],)], x.shape[0], x.shape[1], [x])
 
     x, w = torch.randn(4, 8192), torch.randn(8192)
     assert not launch(lambda x, w: F.layer_norm(x, (8192,), w), x, w).persistent
@@ -500,16 +501,16 @@ def test_saved_views_are_untracked_aliases_and_visible_ones_views():
 
 
 def test_persistent_max_setting(monkeypatch):
-    from kernelab.compiler import group_runner
+    from kernelab.compiler.templates import base
 
     monkeypatch.delenv("KERNELAB_PERSISTENT_MAX", raising=False)
-    assert group_runner.persistent_max() == group_runner.PERSISTENT_MAX["gpu"]
+    assert base.persistent_max() == base.PERSISTENT_MAX["gpu"]
     monkeypatch.setenv("KERNELAB_PERSISTENT_MAX", "4096")
-    assert group_runner.persistent_max() == 4096
+    assert base.persistent_max() == 4096
     for bad in ("abc", "0", "-8"):
         monkeypatch.setenv("KERNELAB_PERSISTENT_MAX", bad)
         with pytest.raises(ValueError, match="KERNELAB_PERSISTENT_MAX must be a positive integer"):
-            group_runner.persistent_max()
+            base.persistent_max()
 
 
 def _softmax_by_max(x):

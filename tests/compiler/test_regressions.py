@@ -576,9 +576,9 @@ def test_cross_entropy_reads_the_logits_once_each_way(tmp_path, monkeypatch):
     log-sum, target, scale) nor loads the column index (computed from ``cols``). On the H200 the
     backward at Llama's 8192 x 128256 took 8.3 ms reading them per element (Inductor: 1.7 ms)."""
     monkeypatch.setenv("KERNELAB_CACHE", str(tmp_path))
-    from kernelab.compiler import group_runner
+    from kernelab.compiler.templates import base
 
-    monkeypatch.setitem(group_runner.PERSISTENT_MAX, "interpreter", 256)  # rows of 1000: the looped template
+    monkeypatch.setitem(base.PERSISTENT_MAX, "interpreter", 256)  # rows of 1000: the looped template
     monkeypatch.setenv("KERNELAB_PERSISTENT_MAX", "256")
 
     def hf_loss(logits, target):
@@ -1492,14 +1492,14 @@ def test_a_float16_operand_loaded_from_memory_is_not_rounded_again():
     memory is a float16 already: rounding it again costs two converts an element and changes
     nothing (a bfloat16 ReLU backward's ``le`` of the stored output, in every model's step). In
     ``x > y * w`` only the product is rounded."""
-    from kernelab.compiler import codegen
+    from kernelab.compiler import templates
 
     def f(x, y, w):
         return torch.where(x > y * w, x, y)
 
     x, y, w = (_r(64, seed=k).half() for k in range(3))
     (group,) = forward_groups(f, x, y, w)
-    source = codegen.kernel_source(group, 1, True)
+    source = templates.kernel_source(group, 1, True)
     comparisons = [line for line in source.splitlines() if " > " in line]
     assert comparisons, source  # one a path: the full blocks' and the last block's
     for line in comparisons:  # the product rounded, the loaded x not

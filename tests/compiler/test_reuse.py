@@ -122,7 +122,7 @@ def test_a_row_kernel_reading_its_row_after_storing_reuses_nothing():
     """y = x - max(x) is stored in the pass after the max; the variance of y needs two more passes
     over the row: storing y over x would feed the last pass y instead of x. 6000 columns loop
     under the interpreter."""
-    from kernelab.compiler import loops
+    from kernelab.compiler.templates import rows_looped
 
     def f(a, b):
         x = a @ b  # the graph's own value: its memory could be taken
@@ -139,7 +139,7 @@ def test_a_row_kernel_reading_its_row_after_storing_reuses_nothing():
 
     part = graph.partition(make_fx(f)(a, b))
     reductions = [g for g in part.groups if g.kind == "reduction"]
-    assert reductions and not any(loops.stores_in_the_last_pass(g) for g in reductions), \
+    assert reductions and not any(rows_looped.stores_in_the_last_pass(g) for g in reductions), \
         [g.name for g in reductions]
 
 

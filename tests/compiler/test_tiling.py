@@ -8,6 +8,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import kernelab.compiler as kc
 from kernelab.compiler import graph, group_runner
+from kernelab.compiler.templates import columns, pointwise, rows
 from kernelab.compiler.backend import decompositions
 from kernelab.compiler.tiling import DEFAULT, ColumnTiling, PointwiseTiling, RowTiling, Tiling
 from kernelab.errors import KernelabError
@@ -21,7 +22,7 @@ def _runner(fn, kind, tiling, *args):
 
 def _row_launch(fn, tiling, x, *rest):
     runner = _runner(fn, "reduction", tiling, x, *rest)
-    return runner.reduction_launch((x.shape[0],), [(x.shape[1],)], x.shape[0], x.shape[1], [x])
+    return rows.launch(runner, (x.shape[0],), [(x.shape[1],)], x.shape[0], x.shape[1], [x])
 
 
 def test_rows_follow_the_tiling():
@@ -42,13 +43,13 @@ def test_rows_follow_the_tiling():
 
 
 def test_columns_follow_the_tiling(monkeypatch):
-    monkeypatch.setattr(group_runner, "sm_count", lambda device: 132)  # an H200's, without a GPU here
+    monkeypatch.setattr(columns, "sm_count", lambda device: 132)  # an H200's, without a GPU here
     x, y = torch.randn(8192, 768), torch.randn(768)
     fn = lambda x, y: (x * y).sum(0)  # noqa: E731
-    default = _runner(fn, "column", DEFAULT, x, y).column_launch(8192, 768, torch.device("cpu"))
+    default = columns.launch(_runner(fn, "column", DEFAULT, x, y), 8192, 768, torch.device("cpu"))
     assert (default.block["CBLOCK"], default.num_warps) == (32, 4)  # a light group
     wide = Tiling(columns=ColumnTiling.uniform(128, 8192, 8, 8, programs_per_sm=4))
-    launch = _runner(fn, "column", wide, x, y).column_launch(8192, 768, torch.device("cpu"))
+    launch = columns.launch(_runner(fn, "column", wide, x, y), 8192, 768, torch.device("cpu"))
     assert launch.block["CBLOCK"] == 128 and launch.block["XBLOCK"] == 64 and launch.num_warps == 8
     # 6 column blocks, 4 x 132 programs wanted, at most 128 tiles / 8 per split: 16 splits of 8 tiles
     assert launch.block["splits"] == 16 and launch.block["tiles"] == 8
@@ -59,7 +60,7 @@ def test_pointwise_kernels_follow_the_tiling():
     fn = lambda x: (x * 2).relu()  # noqa: E731
 
     def launch(tiling, numel=1 << 20):
-        return _runner(fn, "pointwise", tiling, x).pointwise_launch([numel], [[1], [1]], numel)
+        return pointwise.launch(_runner(fn, "pointwise", tiling, x), [numel], [[1], [1]], numel)
 
     default = launch(DEFAULT)
     assert (default.block["BLOCK"], default.num_warps) == (2048, 8)  # 8 elements a thread

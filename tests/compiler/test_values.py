@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import kernelab.compiler as klc
 from kernelab.compiler import runtime
+from kernelab.compiler.templates import pointwise
 
 from tests.compiler.conftest import assert_close
 
@@ -286,8 +287,8 @@ def test_large_offsets_pick_int64():
     """A launch whose offsets pass 2**31 takes the int64 path (checked on the launch parameters:
     the tensor itself would not fit a test machine)."""
     runner = runtime.GroupRunner(group=None, interpret=False)
-    small = runner.pointwise_launch([1000], [[1], [1]], 1000)
-    big = runner.pointwise_launch([3, 2**30], [[2**30, 1], [2**30, 1]], 3 * 2**30)
+    small = pointwise.launch(runner, [1000], [[1], [1]], 1000)
+    big = pointwise.launch(runner, [3, 2**30], [[2**30, 1], [2**30, 1]], 3 * 2**30)
     assert not small.int64 and big.int64
     assert math.log2(small.block["BLOCK"]).is_integer()
 

@@ -1,4 +1,5 @@
-"""Looped row reductions (rows longer than one block): one pass over the row per reduction step.
+"""The rows template's looped body (``rows.py`` picks it for rows longer than one block): one pass
+over the row per reduction step.
 
 Each value of a reduction group gets a *level*: the pass after which it is known. Pass L streams
 the row in blocks of RBLOCK, recomputes the pointwise prologue of the reductions whose input is
@@ -13,9 +14,9 @@ stores the full-size outputs. Two reductions share a pass when they can:
 """
 from __future__ import annotations
 
-from . import fusion
-from .emit import Emitter, correction, emit_node, full_load, local_name, var_name
-from .ops_table import compute_type
+from .. import fusion
+from ..emit import Emitter, correction, emit_node, full_load, local_name, var_name
+from ..ops_table import compute_type
 
 __all__ = ["looped_body", "online_pairs", "stores_in_the_last_pass"]
 

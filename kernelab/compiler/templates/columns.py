@@ -29,14 +29,19 @@ whose first value is one of its few nonzeros lost 3 digits to a shifted one-pass
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from . import fusion
-from .emit import (Emitter, correction, doc_lines, emit_coordinates, loads_of, node_expression, strided_signature,
-                   var_name)
-from .ops_table import compute_type
+from .. import fusion
+from ..emit import (Emitter, correction, doc_lines, emit_coordinates, loads_of, node_expression, strided_signature,
+                    var_name)
+from ..ops_table import compute_type
+from .base import INT32_MAX, META, Call, Launch, collapse, max_offset, out_spec, pow2, sm_count
 
-__all__ = ["column_source", "workspace_dtype", "workspace_slots"]
+__all__ = ["KIND", "source", "prepare", "launch", "reads_before_it_stores", "workspace_dtype", "workspace_slots"]
+
+KIND = "column"
 
 
 def _is_var(n) -> bool:
@@ -56,7 +61,8 @@ def workspace_dtype(group) -> torch.dtype:
     return torch.float64 if wide else torch.float32
 
 
-def column_source(group, rank: int) -> str:
+def source(group, rank: int, persistent: bool = True) -> str:
+    """The kernel's function (``persistent`` is the rows template's: one variant per rank here)."""
     loads = loads_of(group)
     em = Emitter(group, loads)
     reductions = [n for n in group.nodes if fusion.is_reduction(n)]
@@ -202,3 +208,85 @@ def _epilogue(em: Emitter, loads) -> None:
             continue
         em.emit(f"tl.store(out{i}_ptr + cols, tl.broadcast_to({var_name(n)}, [1, CBLOCK])"
                 f".to(out{i}_ptr.dtype.element_ty), mask=cmask)")
+
+
+def reads_before_it_stores(group) -> bool:
+    """Never: a program stores the columns of every row it did not read (the last to arrive
+    finishes them), so no output may take an input's memory."""
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# launch
+
+
+def prepare(runner, raw, shape, device) -> Call:
+    """The launch for the inputs ``raw`` over the iteration ``shape``: one value per column of its
+    last dim, the leading dims walked as rows (``runner``: the group's ``GroupRunner``)."""
+    g = runner.group
+    n_cols, rows = shape[-1], math.prod(shape[:-1])
+    # (a sum of values computed from constants alone, a zero gradient's column sum, loads no
+    # full-size tensor: its rows are walked by index, every stride 0)
+    ins = [t.expand(shape) if load.role == "full" else _as_cols(t, n_cols) for t, load in zip(raw, runner.loads)]
+    outs = [_alloc_cols(n, n_cols, META) if g.roles[n] == "col" else torch.empty(shape, dtype=fusion.value(n).dtype,
+                                                                                 device=META)
+            for n in g.outputs]
+    lead = list(shape[:-1])
+    lead_strides = [list(t.stride()[:-1]) if load.role == "full" else [0] * len(lead)
+                    for t, load in zip(ins, runner.loads)]
+    sizes, strides = collapse(lead, lead_strides)
+    how = launch(runner, rows, n_cols, device)
+    xblock, cblock, splits, tiles = (how.block[k] for k in ("XBLOCK", "CBLOCK", "splits", "tiles"))
+    int64 = any(max_offset(sizes, st) + (n_cols - 1) * abs(t.stride(-1)) > INT32_MAX
+                for st, t in zip(strides, ins)) or rows * n_cols > INT32_MAX
+    tail = [s for st in strides for s in st] + [t.stride(-1) for t in ins] + list(sizes) + [rows, n_cols, tiles,
+                                                                                        splits]
+    meta = {"XBLOCK": xblock, "CBLOCK": cblock, "SPLITS": pow2(splits), "INT64": int64,
+            "num_warps": how.num_warps}
+    col_blocks = (n_cols + cblock - 1) // cblock
+    call = Call(runner.kernel(len(sizes), True), (col_blocks, splits), tail, meta,
+                [out_spec(o) for o in outs], device)
+    call.workspace = workspace_slots(g) * splits * n_cols if splits > 1 else 0
+    call.workspace_dtype = workspace_dtype(g)
+    call.col_blocks = col_blocks
+    call.transient = runner.transient_scratch
+    return call
+
+
+def launch(runner, rows, n_cols, device) -> Launch:
+    """Column blocks of 32 columns and as many row splits as it takes to give every SM two
+    programs, each walking at least two tiles. Measured on the H200 (benchmarks/column_tune.py,
+    36 combinations of column block, tile, warps and tiles per split over four shapes of
+    ``(x * y).sum(0)``): the best overall is 256-row tiles on 4 warps, 64 elements per thread
+    (1.11x each shape's best). A real prologue then spills registers (the MLP's GELU-backward
+    bias-gradient kernel went from 49 to 97 us, the layer-norm weight gradients from 24 to 47),
+    so only light groups (one sum of at most two ops) take it; the others take 64-row tiles on
+    8 warps, 8 elements per thread, the best of those holding at most 16 per thread."""
+    light = sum(1 for n in runner.group.nodes if runner.group.roles[n] == "full") <= 2 and \
+        sum(1 for n in runner.group.nodes if fusion.is_reduction(n)) == 1
+    t = runner.tiling.columns
+    cblock = min(pow2(n_cols), 16 if runner.interpret else t.cblock)
+    elems = 256 if runner.interpret else (t.light_elems if light else t.heavy_elems)
+    xblock = min(pow2(rows), max(1, elems // cblock))
+    col_blocks = (n_cols + cblock - 1) // cblock
+    tiles = (rows + xblock - 1) // xblock
+    programs = 4 if runner.interpret else t.programs_per_sm * sm_count(device)
+    splits = max(1, min((programs + col_blocks - 1) // col_blocks, tiles // (1 if runner.interpret else t.min_tiles)))
+    per_split = (tiles + splits - 1) // splits
+    splits = (tiles + per_split - 1) // per_split
+    warps = 1 if runner.interpret else (t.light_warps if light else t.heavy_warps)
+    return Launch(0, True, {"XBLOCK": xblock, "CBLOCK": cblock, "splits": splits, "tiles": per_split},
+                  warps, False)
+
+
+def _as_cols(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """A per-column input (shape (C,), (1, .., C) or one value) as a 1-d view of C values."""
+    return t.reshape(-1).expand(n_cols) if t.numel() in (1, n_cols) else t.reshape(n_cols)
+
+
+def _alloc_cols(node, n_cols, device) -> torch.Tensor:
+    """A column group's output: one value per column, contiguous, in the node's own shape."""
+    meta = fusion.value(node)
+    sizes = list(meta.shape) if fusion.static_shape(meta) else [1] * (meta.dim() - 1) + [n_cols]
+    return torch.empty(sizes, dtype=meta.dtype, device=device)
+
