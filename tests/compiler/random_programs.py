@@ -15,7 +15,12 @@ add_, copy_, masked_fill_, clamp_), whole or through views of them. ``convolutio
 vision models do: depthwise, pointwise, strided and transposed convolutions (their weights cut
 from y, so they get gradients too), batch norm in training mode, pools. ``integers=True`` adds an integer input
 i (B, S) of class ids in [0, N): gathers, embeddings, cross-entropy, one-hot, scatters and
-advanced indexing at i, and integer arithmetic on it.
+advanced indexing at i, and integer arithmetic on it. ``shaping=True`` adds what sequence and
+attention code does: padding and cropping, rolls, flips, repeats, causal masks (``tril``, a
+``-inf`` fill before a softmax), ``scaled_dot_product_attention``, splits and stacks, NaN
+handling (``nan_to_num``, ``where(isnan)``), more reductions (std, prod, amin, argmin, norms,
+cumprod, logcumsumexp, ``F.normalize``) and activations (ELU, Mish, hardswish, logsigmoid, erf,
+leaky ReLU, ``lerp``, ``addcmul``, ``atan2``, ``remainder``, sign, round).
 
 A program is Python source built from a seed (``program(seed)``): a failure prints the source, and
 the seed reproduces it. Its inputs: x (B, S, N), y (S, N), z (B, S, 1), w (N,), and with
@@ -76,10 +81,11 @@ class Program:
 
 class _Writer:
     def __init__(self, rng: random.Random, sizes: tuple, indexing: bool = False, by_value: bool = False,
-                 convolution: bool = False, integers: bool = False, returns: bool = False, mutating: bool = False):
+                 convolution: bool = False, integers: bool = False, returns: bool = False, mutating: bool = False,
+                 shaping: bool = False):
         b, s, n = sizes
         self.indexing, self.by_value, self.convolution, self.integers = indexing, by_value, convolution, integers
-        self.returns, self.mutating = returns, mutating
+        self.returns, self.mutating, self.shaping = returns, mutating, shaping
         self.rng, self.lines = rng, ["def fn(x, y, z, w, i):" if integers else "def fn(x, y, z, w):"]
         self.shapes = {"x": (b, s, n), "y": (s, n), "z": (b, s, 1), "w": (n,)}
         self.names = list(self.shapes)  # (float values only: i is read by the integer statements)
@@ -105,6 +111,11 @@ class _Writer:
             return
         if self.integers and rng.random() < 0.25:
             self.with_ids(self.value(3, 0.7))
+            return
+        if self.shaping and rng.random() < 0.3:
+            a = self.value(3, 0.7)
+            if self.shapes[a]:
+                self.shaped(a, self.shapes[a])
             return
         if self.mutating and rng.random() < 0.25:
             a = self.value(3, 0.7)
@@ -249,6 +260,59 @@ class _Writer:
             ops += [f".add_({b}.to({c}.dtype))", f".copy_({b}.to({c}.dtype))", f".mul_({b}.to({c}.dtype))"]
         self.lines.append(f"    {target}{rng.choice(ops)}")
 
+    def shaped(self, a: str, shape: tuple) -> None:
+        """One statement of what sequence and attention code does (``shaping=True``)."""
+        rng, n, d = self.rng, shape[-1], len(shape) - 1
+        b = rng.choice([m for m in self.names if _broadcasts(self.shapes[m], shape)] or [a])
+        k = rng.randint(1, max(1, n - 1))
+        choices = [
+            (f"F.pad({a}, ({rng.choice([0, 1, 2])}, {rng.choice([0, 1, 3])}))", None),
+            (f"F.pad({a}, (-1, 1), value=0.5)" if n > 1 else f"F.pad({a}, (1, 0))", shape[:-1] + (n + (0 if n > 1 else 1),)),
+            (f"torch.roll({a}, {rng.choice([1, -2, 3])}, {d})", shape),
+            (f"torch.flip({a}, ({d},))", shape),
+            (f"{a}.repeat({', '.join(['1'] * d + ['2'])})", shape[:-1] + (2 * n,)),
+            (f"torch.stack([{a}, {b}.expand_as({a})], {rng.randint(0, d + 1)})", None),
+            (f"sum({a}.split({k}, -1)[:1]) * {a}[..., :{k}]", shape[:-1] + (k,)),
+            (f"{a}.narrow(-1, {n - k}, {k})", shape[:-1] + (k,)),
+            (f"torch.nan_to_num(torch.log({a}), nan=0.0, neginf=-3.0)", shape),
+            (f"torch.where(torch.isnan(torch.sqrt({a})), {b}, {a})", shape),
+            (f"{a}.std({d}, keepdim=True)", shape[:-1] + (1,)),
+            (f"torch.tanh({a}).prod({d}, keepdim=True)", shape[:-1] + (1,)),
+            (f"{a}.amin({d})", shape[:-1]),
+            (f"{a}.argmin({d}).to({a}.dtype)", shape[:-1]),
+            (f"torch.linalg.vector_norm({a}, dim={d}, keepdim=True)", shape[:-1] + (1,)),
+            (f"{a}.norm(p=1, dim={d})", shape[:-1]),
+            (f"torch.cumprod(torch.sigmoid({a}), {d})", shape),
+            (f"torch.logcumsumexp({a}, {d})", shape),
+            (f"F.normalize({a}, dim={d})", shape),
+            (f"F.elu({a})", shape), (f"F.mish({a})", shape), (f"F.hardswish({a})", shape),
+            (f"F.logsigmoid({a})", shape), (f"torch.erf({a})", shape), (f"F.leaky_relu({a}, 0.1)", shape),
+            (f"torch.lerp({a}, {b}.to({a}.dtype), 0.3)", shape), (f"torch.addcmul({a}, {b}, {b}, value=0.5)", shape),
+            (f"torch.atan2({a}, {b} + 2.0)", shape), (f"torch.remainder({a} * 3, 1.0)", shape),
+            (f"torch.sign({a}) * {b}", shape), (f"torch.round({a} * 4) / 4", shape),
+        ]
+        if len(shape) >= 2:
+            rows = shape[-2]
+            causal = f"torch.ones({rows}, {n}, dtype=torch.bool, device=x.device).triu(1)"
+            choices += [
+                (f"torch.tril({a})", shape),
+                (f"torch.softmax({a}.masked_fill({causal}, float('-inf')), -1)", shape),
+                (f"{a}.triu(-1) + {a}.tril(-2) * 0.5", shape),
+            ]
+            if len(shape) >= 3:
+                q = f"{a}.unsqueeze(1)" if len(shape) == 3 else a
+                choices.append((f"F.scaled_dot_product_attention({q}, {q} * 0.5, {q}.flip(-2), "
+                                f"is_causal={rng.choice([True, False])}).squeeze(1)" if len(shape) == 3 else
+                                f"F.scaled_dot_product_attention({q}, {q} * 0.5, {q}.flip(-2))", shape))
+        expression, out = rng.choice(choices)
+        if out is None:  # a shape eager works out (pads, stacks)
+            try:
+                out = tuple(eval(expression, {"torch": torch, "F": F, "x": torch.empty(self.shapes["x"]),
+                                              **{m: torch.zeros(sh) for m, sh in self.shapes.items()}}).shape)
+            except RuntimeError:
+                return
+        self.new(expression, out)
+
     def with_ids(self, a: str) -> None:
         """A statement that reads the class ids i (B, S), int64 in [0, N)."""
         rng, shape, (b, s, n) = self.rng, self.shapes[a], self.shapes["x"]
@@ -344,16 +408,17 @@ def _numel(shape) -> int:
 
 def program(seed: int, indexing: bool = False, by_value: bool = False, convolution: bool = False,
             integers: bool = False, returns: bool = False, strided: bool = False,
-            mutating: bool = False) -> Program | None:
+            mutating: bool = False, shaping: bool = False) -> Program | None:
     """The program of ``seed`` (None for the rare seed whose statements made no value); with
     ``indexing``, statements that index too (``by_value``: also by indices computed from values);
     ``convolution``: convolutions, batch norms and pools; ``integers``: an int64 input of ids;
     ``returns``: a tuple, the sum then 1-3 values (inputs, views, expands) as they are;
     ``strided``: inputs stored out of order (x transposed, y and w every other element);
-    ``mutating``: copies changed in place, whole or through views."""
+    ``mutating``: copies changed in place, whole or through views; ``shaping``: pads, rolls,
+    flips, causal masks, attention, NaN handling, more reductions and activations."""
     rng = random.Random(seed)
     sizes = (rng.choice([2, 3]), rng.choice([4, 5]), rng.choice([8, 6]))
-    writer = _Writer(rng, sizes, indexing, by_value, convolution, integers, returns, mutating)
+    writer = _Writer(rng, sizes, indexing, by_value, convolution, integers, returns, mutating, shaping)
     for _ in range(rng.randint(4, 10)):
         writer.statement()
     source = writer.source()

@@ -242,6 +242,26 @@ def test_a_random_program_that_changes_copies_in_place_matches_eager(seed):
     _checked(seed, _check, indexing=True, convolution=True, integers=True, returns=True, strided=True, mutating=True)
 
 
+@SETTINGS
+@given(seed=SEEDS)
+def test_a_random_program_that_pads_masks_and_attends_matches_eager(seed):
+    """Pads and crops, rolls, flips, repeats, causal masks, attention, splits and stacks, NaN
+    handling, more reductions and activations (``shaping``), beside everything above."""
+    _checked(seed, _check, indexing=True, integers=True, returns=True, mutating=True, shaping=True)
+
+
+@SETTINGS
+@given(seed=SEEDS)
+def test_a_random_program_that_pads_masks_and_attends_in_float16_is_as_close_to_float64_as_eager(seed):
+    _checked(seed, _half_check, shaping=True)
+
+
+@SETTINGS
+@given(seed=SEEDS)
+def test_a_random_program_that_pads_masks_and_attends_under_changing_sizes_matches_eager(seed):
+    _checked(seed, _check_sizes, shaping=True)
+
+
 @pytest.mark.parametrize("seed", [7, 11])
 def test_a_program_prints_as_source_that_reproduces_it(seed):
     """The seed is the reproduction: the same source and sizes every time."""
