@@ -23,6 +23,7 @@ from ..targets import compiles_every_time
 from . import fusion
 from .eventlog import ACTIVE_PLAN
 from .group_runner import SymbolValues, call_node, lookup, run_reference
+from .templates import template
 
 __all__ = ["Plan", "GraphPlan", "GroupPlan", "explain", "plan_kernels", "plan_trace"]
 
@@ -238,7 +239,7 @@ class _Hooks:
         writes = [info(env[n]) for n in group.outputs]
         numel = max((w.numel for w in writes), default=0)
         ops = [s for s in (fusion.short_name(n) for n in group.nodes) if s]
-        category = "reduction" if group.kind == "column" else group.kind
+        category = template(group.kind).CATEGORY
         self.rec.kernels.append(KernelSpec(group.name, category, ops, reads, writes,
                                            flops=float(numel * len(ops))))
 

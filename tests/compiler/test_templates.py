@@ -9,7 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kernelab.compiler import graph, group_runner, templates
 from kernelab.compiler.backend import decompositions
 
-CONTRACT = ("KIND", "source", "prepare", "reads_before_it_stores")
+CONTRACT = ("KIND", "CATEGORY", "source", "prepare", "launch", "reads_before_it_stores")
 
 
 def test_every_template_module_has_the_contract_and_its_own_kind():

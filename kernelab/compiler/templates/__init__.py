@@ -14,7 +14,8 @@ column         ``columns.py``       sums, means and variances over every dim but
 Each module provides the same four things, which is all the group runner (``group_runner.py``)
 and the code generator need of a kind:
 
-* ``KIND``: the group kind it generates;
+* ``KIND``: the group kind it generates; ``CATEGORY``: what its kernels count as in a prediction
+  (``kernelab count``: pointwise or reduction);
 * ``source(group, rank, persistent) -> str``: the ``@triton.jit`` function (one variant per
   merged rank, and for rows per persistent/looped);
 * ``prepare(runner, raw, shape, device) -> base.Call``: for one call's inputs, the outputs'

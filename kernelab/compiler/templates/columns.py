@@ -39,9 +39,11 @@ from ..emit import (Emitter, correction, doc_lines, emit_coordinates, loads_of, 
 from ..ops_table import compute_type
 from .base import INT32_MAX, META, Call, Launch, collapse, max_offset, out_spec, pow2, sm_count
 
-__all__ = ["KIND", "source", "prepare", "launch", "reads_before_it_stores", "workspace_dtype", "workspace_slots"]
+__all__ = ["KIND", "CATEGORY", "source", "prepare", "launch", "reads_before_it_stores", "workspace_dtype",
+           "workspace_slots"]
 
 KIND = "column"
+CATEGORY = "reduction"  # what a predicted kernel of this template counts as (``kernelab count``)
 
 
 def _is_var(n) -> bool:

@@ -21,9 +21,10 @@ from ..emit import (Emitter, doc_lines, emit_coordinates, gather_of, loads_of, n
 from ..ops_table import compute_type
 from .base import INT32_MAX, META, Call, Launch, collapse, max_offset, out_spec, pow2
 
-__all__ = ["KIND", "source", "prepare", "launch", "reads_before_it_stores"]
+__all__ = ["KIND", "CATEGORY", "source", "prepare", "launch", "reads_before_it_stores"]
 
 KIND = "pointwise"
+CATEGORY = "pointwise"  # what a predicted kernel of this template counts as (``kernelab count``)
 
 
 # ---------------------------------------------------------------------------------------------

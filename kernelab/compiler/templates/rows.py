@@ -23,9 +23,10 @@ from ..ops_table import compute_type
 from .base import INT32_MAX, META, PERSISTENT_MAX, Call, Launch, collapse, max_offset, out_spec, persistent_max, pow2
 from .rows_looped import looped_body, stores_in_the_last_pass
 
-__all__ = ["KIND", "source", "prepare", "launch", "out_row", "reads_before_it_stores"]
+__all__ = ["KIND", "CATEGORY", "source", "prepare", "launch", "out_row", "reads_before_it_stores"]
 
 KIND = "reduction"
+CATEGORY = "reduction"  # what a predicted kernel of this template counts as (``kernelab count``)
 
 
 # ---------------------------------------------------------------------------------------------
