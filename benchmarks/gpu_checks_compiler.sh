@@ -64,7 +64,8 @@
 # CALL=22 (stop 47, rerun in stop 48 with the random programs that convolve and read ids): the GPU
 # random programs, then GPT-2 beside stop 45's code (OLD). CALL=23 (stop 48): Llama, Mixtral, T5.
 # CALL=24 (stop 48): the GPU random programs, then the four LMs' training steps, kernelab alone.
-# CALL=25 (stop 48): the random programs again, T5 beside stop 47's code, GPT-2's peak allocations beside stop 45's.
+# CALL=25 (stop 48): the random programs again, T5 beside stop 47's code, GPT-2's peak allocations beside stop 45's
+# (stop 49 added the runner's GPU tests after the random programs: the launch path moved into templates/).
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"; LIMIT="${LIMIT:-330}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -193,6 +194,11 @@ if [ "${CALL:-2}" = 25 ]; then  # stop 48: CALL=24's random programs again (the 
     timeout "$(left 120)" python3 -m pytest tests/gpu/test_random_programs_gpu.py -q -p no:cacheprovider -W ignore \
         -rf --tb=short > "$OUT/gpu_random.txt" 2>&1
     echo "random programs rc=$? (${SECONDS}s): $(tail -1 "$OUT/gpu_random.txt")"; grep "^FAILED" "$OUT/gpu_random.txt" | head
+    # stop 49: the launch path moved into templates/ (one module per group kind): the runner's GPU tests
+    timeout "$(left 90)" python3 -m pytest tests/gpu/test_fast_runner_gpu.py tests/gpu/test_reuse_gpu.py \
+        tests/gpu/test_cudagraphs_gpu.py tests/gpu/test_direct_launch.py -q -p no:cacheprovider -W ignore -rf \
+        --tb=short > "$OUT/gpu_runner.txt" 2>&1
+    echo "runner tests rc=$? (${SECONDS}s): $(tail -1 "$OUT/gpu_runner.txt")"; grep "^FAILED" "$OUT/gpu_runner.txt" | head
     R=$PWD; mkdir -p "$OUT/ab"
     ab() { (cd "$1" && timeout "$(left 90)" python3 benchmarks/models.py "$OUT/ab/m_$2" --only t5 --modes kernelab \
         --steps train --budget-s 80 > "$OUT/ab/m_$2.log" 2>&1); echo "$2 (${SECONDS}s): $(grep -E '^ +t5' "$OUT/ab/m_$2.log" | cut -c1-160)"; }
