@@ -35,7 +35,8 @@ _SAME = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, ate
          aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.expand.default, aten.clone.default,
          aten.alias.default, aten.permute.default, aten.slice.Tensor, aten.select.int,
          aten.t.default, aten.transpose.int, aten.contiguous.default,
-         aten.flip.default}  # (a flip reorders the values: the same range; ``torch.flip``'d aranges)
+         aten.flip.default,  # (a flip reorders the values: the same range; ``torch.flip``'d aranges)
+         aten.index_select.default}  # (picks some of its source's values: the flip of ``rewrites.flips_as_gathers``)
 _CASTS = {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
 _ARANGES = {aten.arange.default, aten.arange.start, aten.arange.start_step}
 _ROUNDING = {aten.floor.default: math.floor, aten.ceil.default: math.ceil, aten.trunc.default: math.trunc,

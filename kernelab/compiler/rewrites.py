@@ -31,7 +31,7 @@ import torch.fx as fx
 
 from . import fusion, layout, ops_table
 
-__all__ = ["Builder", "one_hot_indexing", "multiplications_by_one", "unsqueezed_repeats", "pads_as_cats", "slices_through_cats", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats",
+__all__ = ["Builder", "one_hot_indexing", "multiplications_by_one", "unsqueezed_repeats", "pads_as_cats", "slices_through_cats", "pointwise_into_copies", "permuted_trees_into_copies", "broadcast_cats_expanded", "fills_without_inputs", "casts_through_views", "cats_without_empties", "scatters_as_cats", "flips_as_gathers",
            "unsqueezes_toward_inputs", "extremes_without_indices", "full_reductions_as_rows",
            "aranges_as_constants", "index_puts_in_place", "scatter_sums_into_one_buffer", "half_precision_scatters_in_float32",
            "small_sums_as_adds", "reductions_of_one_element",
@@ -53,6 +53,7 @@ def rewrite(gm: fx.GraphModule) -> int:
     return (common_subexpressions(gm) + unsqueezed_repeats(gm) + multiplications_by_one(gm) + cuda_clamps_without_nan_bounds(gm)
             + batch_norm_backward_weights_contiguous(gm) + batch_norms_in_place(gm)
             + fills_without_inputs(gm) + cats_without_empties(gm) + pads_as_cats(gm) + slices_through_cats(gm)
+            + flips_as_gathers(gm)
             + scatters_as_cats(gm)
             + reductions_of_one_element(gm) + small_sums_as_adds(gm) + extremes_without_indices(gm) + truth_reductions_as_extremes(gm)
             + batch_norm_statistics_as_columns(gm) + batch_norm_statistics_as_rows_then_columns(gm)
@@ -281,6 +282,37 @@ def aranges_as_constants(gm: fx.GraphModule) -> int:
 
 
 _ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
+
+
+def flips_as_gathers(gm: fx.GraphModule) -> int:
+    """``flip(x, dims)`` that reverses one dim d of static size n > 1 (the others of size 1) ->
+    ``index_select(x, d, arange(n - 1, -1, -1))``, the reversed positions a buffer of the graph
+    module (made once, proved in [0, n) by ``bounds``): a gather, which the pointwise kernel
+    reading the flip computes by loading x at the reversed positions, where ATen's flip was a copy
+    kernel of its own before it (``x.flip(1) * 2``: one kernel, not two). A flip of several dims
+    stays ATen's one kernel (a gather per dim would be a kernel per dim: a gather reads its source
+    from memory); so does a symbolic size."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.flip.default:
+            continue
+        x, val = node.args[0], fusion.value(node)
+        if not (isinstance(x, fx.Node) and isinstance(val, torch.Tensor) and hasattr(val, "fake_mode")
+                and val.dim() > 0):
+            continue
+        flipped = {d % val.dim() for d in node.args[1]}
+        if any(not isinstance(val.shape[d], int) for d in flipped):
+            continue
+        reversed_dims = [d for d in flipped if val.shape[d] > 1]
+        if len(reversed_dims) != 1:
+            continue
+        (d,), n, device = reversed_dims, val.shape[reversed_dims[0]], val.device
+        b = Builder(gm, node, val)
+        positions = b.constant(f"_kl_reversed_{n}_{device.type}_{device.index}",
+                               lambda: torch.arange(n - 1, -1, -1, device=device), arange=(n - 1, -1))
+        node.replace_all_uses_with(b.op(aten.index_select.default, x, d, positions))
+        count += 1
+    return _cleanup(gm, count)
 
 
 def _reads_only(user: fx.Node, depth: int = 0) -> bool:

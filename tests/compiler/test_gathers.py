@@ -529,3 +529,38 @@ def test_a_half_precision_scatter_accumulates_in_float32_in_a_generated_kernel(c
     assert not [e for gp in plan.graphs for e in gp.eager if "index_put" in e[1]]
     scatters = [g for gp in plan.graphs for g in gp.groups if any("index_put" in op for op in g.ops)]
     assert len(scatters) == 1  # both scatters in the one kernel that owns the buffer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("flip", [lambda x: x.flip(1), lambda x: x.flip(-1), lambda x: x.unsqueeze(0).flip(0, 2),
+                                  lambda x: x.flip(0)], ids=["dim 1", "dim -1", "with a size-1 dim", "dim 0"])
+def test_a_flip_of_one_dim_is_read_reversed_by_the_kernel_reading_it(flip, dtype):
+    """``flip`` (a copy kernel of ATen's) of one dim of static size: a gather at the reversed
+    positions inside the kernel that reads it (``rewrites.flips_as_gathers``): one kernel for
+    ``sin(flip(x) * 2)``, values and gradients eager's."""
+    x = torch.randn(6, 33, dtype=dtype, requires_grad=True)
+
+    def fn(x):
+        return (flip(x) * 2).sin()
+
+    plan = klc.explain(fn, x.detach())
+    assert not [e for gp in plan.graphs for e in gp.eager if "flip" in str(e[1])], str(plan)
+    assert sum(len(gp.groups) for gp in plan.graphs) == 1 and _gathers(plan.graphs[0].groups[0]), str(plan)
+    got = torch.compile(fn, backend="kernelab")(x)
+    want = fn(x)
+    torch.testing.assert_close(got, want)
+    (g,), (w,) = torch.autograd.grad(got.float().sum(), x), torch.autograd.grad(want.float().sum(), x)
+    torch.testing.assert_close(g, w)
+
+
+def test_a_flip_of_two_dims_and_a_symbolic_flip_stay_atens_copy():
+    """A gather per flipped dim would be a kernel per dim (a gather reads its source from memory):
+    ATen's one copy kernel stays, as it does for a dim whose size is symbolic; values eager's."""
+    x = torch.randn(6, 33)
+    two = klc.explain(lambda x: x.flip(0, 1) * 2, x)
+    assert [e for gp in two.graphs for e in gp.eager if "flip" in str(e[1])], str(two)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x.flip(1) * 2, backend="kernelab", dynamic=True)
+    for cols in (33, 40):
+        y = torch.randn(5, cols)
+        torch.testing.assert_close(compiled(y), y.flip(1) * 2)
