@@ -1,6 +1,6 @@
 """The kernel templates (``kernelab/compiler/templates``): one module per group kind, each the one
 home of its kernel's source, launch settings and outputs. What the group runner and the code
-generator ask of a kind is the same four names in every module; a kind without a template is a
+generator ask of a kind is the same six names in every module; a kind without a template is a
 clear error, not a wrong kernel."""
 import pytest
 import torch
@@ -33,8 +33,9 @@ def _groups(fn, *args):
 
 def test_each_kind_the_planner_makes_prepares_a_launch_through_its_template():
     """A pointwise add, a row softmax and a column sum: each group's kind names the template whose
-    ``prepare`` gives the runner its launch (grid, outputs in the op's shape), and the kernel it
-    compiled for that launch is the template's source, named after the group."""
+    ``prepare`` gives the runner its launch (grid, outputs in the op's shape); the kernel it
+    compiled for that launch is the template's source, named after the group, and launched (the
+    interpreter) it computes eager's values."""
     x, b = torch.randn(64, 48), torch.randn(48)
     cases = {
         "pointwise": ((lambda x, b: (x + b).relu()), (x, b), (64, 48)),
@@ -44,12 +45,15 @@ def test_each_kind_the_planner_makes_prepares_a_launch_through_its_template():
     for kind, (fn, args, out_shape) in cases.items():
         (group,) = [g for g in _groups(fn, *args) if g.kind == kind]
         runner = group_runner.GroupRunner(group, interpret=True)
-        call = runner.prepare([_value(load.node, args) for load in runner.loads])
+        raw = [_value(load.node, args) for load in runner.loads]
+        call = runner.prepare(raw)
         assert call is not None and all(g >= 1 for g in call.grid), (kind, call)
         assert [tuple(size) for size, _, _ in call.outs] == [out_shape], (kind, call.outs)
         ((rank, persistent),) = runner.kernels
         source = templates.kernel_source(group, rank, persistent)
         assert source.startswith(templates.base.HEADER) and f"def {group.name}(" in source, source[:300]
+        (got,) = runner.run_values(raw, [])
+        torch.testing.assert_close(got, fn(*args), msg=lambda m: f"{kind}: {m}")
 
 
 def _value(node, args):
